@@ -1,0 +1,219 @@
+#include "cc/batch_copy.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "cc/cuda_error.h"
+
+namespace kvoffload {
+namespace {
+
+static_assert(sizeof(CUdeviceptr) == sizeof(int64_t) && sizeof(size_t) == sizeof(int64_t),
+              "copy arrays are passed to the driver in place");
+
+void Check(cudaError_t status, const char* call, int64_t copy_index = -1) {
+  if (status != cudaSuccess) {
+    throw CudaError(call, cudaGetErrorName(status), status, copy_index,
+                    cudaGetErrorString(status));
+  }
+}
+
+// The driver functions kvoffload calls; resolved at run time, never linked.
+struct DriverApi {
+  PFN_cuMemcpyBatchAsync_v13000 batch_v13000 = nullptr;
+  PFN_cuMemcpyBatchAsync_v12080 batch_v12080 = nullptr;  // adds failIdx
+  PFN_cuGetErrorName_v6000 error_name = nullptr;
+};
+
+void* ResolveDriverSymbol(const char* symbol, unsigned int version) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t status =
+      cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found);
+  if (found == cudaDriverEntryPointSymbolNotFound ||
+      found == cudaDriverEntryPointVersionNotSufficent) {
+    cudaGetLastError();  // an absent symbol is an answer, not a pending error
+    return nullptr;
+  }
+  Check(status, "cudaGetDriverEntryPointByVersion");
+  return fn;
+}
+
+DriverApi ResolveDriverApi() {
+  DriverApi api;
+  api.batch_v13000 = reinterpret_cast<PFN_cuMemcpyBatchAsync_v13000>(
+      ResolveDriverSymbol("cuMemcpyBatchAsync", 13000));
+  if (api.batch_v13000 == nullptr) {
+    api.batch_v12080 = reinterpret_cast<PFN_cuMemcpyBatchAsync_v12080>(
+        ResolveDriverSymbol("cuMemcpyBatchAsync", 12080));
+  }
+  api.error_name =
+      reinterpret_cast<PFN_cuGetErrorName_v6000>(ResolveDriverSymbol("cuGetErrorName", 6000));
+  return api;
+}
+
+// A failed resolution throws and is retried on the next call.
+const DriverApi& Driver() {
+  static const DriverApi api = ResolveDriverApi();
+  return api;
+}
+
+std::string DriverErrorName(CUresult status) {
+  const char* name = nullptr;
+  if (Driver().error_name != nullptr && Driver().error_name(status, &name) == CUDA_SUCCESS &&
+      name != nullptr) {
+    return name;
+  }
+  return "CUresult";
+}
+
+void RequireCudaDevice() {
+  static std::atomic<bool> found{false};
+  if (found.load(std::memory_order_relaxed)) return;
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status == cudaErrorNoDevice || status == cudaErrorInsufficientDriver ||
+      (status == cudaSuccess && count == 0)) {
+    const cudaError_t reported = status == cudaSuccess ? cudaErrorNoDevice : status;
+    throw NoCudaDeviceError("cudaGetDeviceCount", cudaGetErrorName(reported), reported, -1,
+                            "no CUDA device: this machine has no usable GPU or driver");
+  }
+  Check(status, "cudaGetDeviceCount");
+  found.store(true, std::memory_order_relaxed);
+}
+
+// Makes the stream's device current, with its primary context, which the driver's
+// batch call needs on this thread; restores the caller's device afterwards.
+class StreamDeviceGuard {
+ public:
+  explicit StreamDeviceGuard(cudaStream_t stream) {
+    Check(cudaGetDevice(&previous_), "cudaGetDevice");
+    int device = previous_;
+    Check(cudaStreamGetDevice(stream, &device), "cudaStreamGetDevice");
+    Check(cudaSetDevice(device), "cudaSetDevice");
+    restore_ = device != previous_;
+  }
+  ~StreamDeviceGuard() {
+    if (restore_) cudaSetDevice(previous_);
+  }
+  StreamDeviceGuard(const StreamDeviceGuard&) = delete;
+  StreamDeviceGuard& operator=(const StreamDeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+};
+
+SrcAccessOrder OrderOf(const CopyBatch& batch, int64_t i) {
+  return batch.order == nullptr ? SrcAccessOrder::kStream
+                                : static_cast<SrcAccessOrder>(batch.order[i]);
+}
+
+// One attribute entry per run of copies with the same source access order.
+void AttributeRuns(const CopyBatch& batch, int64_t begin, int64_t end,
+                   std::vector<CUmemcpyAttributes>& attrs, std::vector<size_t>& first_copy) {
+  attrs.clear();
+  first_copy.clear();
+  for (int64_t i = begin; i < end; ++i) {
+    const auto order = static_cast<CUmemcpySrcAccessOrder>(OrderOf(batch, i));
+    if (attrs.empty() || attrs.back().srcAccessOrder != order) {
+      CUmemcpyAttributes attr = {};
+      attr.srcAccessOrder = order;
+      attrs.push_back(attr);
+      first_copy.push_back(static_cast<size_t>(i - begin));
+    }
+  }
+}
+
+CUresult CallBatch(const CopyBatch& batch, int64_t begin, int64_t count,
+                   std::vector<CUmemcpyAttributes>& attrs, std::vector<size_t>& first_copy,
+                   cudaStream_t stream, size_t* fail_index) {
+  auto* dsts = reinterpret_cast<CUdeviceptr*>(const_cast<int64_t*>(batch.dst + begin));
+  auto* srcs = reinterpret_cast<CUdeviceptr*>(const_cast<int64_t*>(batch.src + begin));
+  auto* sizes = reinterpret_cast<size_t*>(const_cast<int64_t*>(batch.size + begin));
+  const DriverApi& api = Driver();
+  if (api.batch_v13000 != nullptr) {
+    return api.batch_v13000(dsts, srcs, sizes, count, attrs.data(), first_copy.data(),
+                            attrs.size(), reinterpret_cast<CUstream>(stream));
+  }
+  return api.batch_v12080(dsts, srcs, sizes, count, attrs.data(), first_copy.data(),
+                          attrs.size(), fail_index, reinterpret_cast<CUstream>(stream));
+}
+
+// Copies [begin, count) one cudaMemcpyAsync each; returns the number of calls.
+int64_t PerCopy(const CopyBatch& batch, int64_t begin, cudaStream_t stream) {
+  bool during_api_call = false;
+  for (int64_t i = begin; i < batch.count; ++i) {
+    Check(cudaMemcpyAsync(reinterpret_cast<void*>(batch.dst[i]),
+                          reinterpret_cast<const void*>(batch.src[i]), batch.size[i],
+                          cudaMemcpyDefault, stream),
+          "cudaMemcpyAsync", i);
+    during_api_call |= OrderOf(batch, i) == SrcAccessOrder::kDuringApiCall;
+  }
+  // cudaMemcpyAsync may read later; honour "sources read before return".
+  if (during_api_call) Check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return batch.count - begin;
+}
+
+}  // namespace
+
+int BatchEntryPointVersion() {
+  RequireCudaDevice();
+  const DriverApi& api = Driver();
+  if (api.batch_v13000 != nullptr) return 13000;
+  if (api.batch_v12080 != nullptr) return 12080;
+  return 0;
+}
+
+CopyResult BatchCopy(const CopyBatch& batch, cudaStream_t stream,
+                     const BatchCopyOptions& options) {
+  ValidateCopyBatch(batch);
+  if (options.max_copies_per_call < 0) {
+    throw std::invalid_argument("max_copies_per_call: must be >= 0, got " +
+                                std::to_string(options.max_copies_per_call));
+  }
+  CopyResult result;
+  if (batch.count == 0) return result;
+  result.copies = batch.count;
+  result.bytes = TotalBytes(batch);
+
+  RequireCudaDevice();
+  StreamDeviceGuard guard(stream);
+  result.reason = ChooseDevicePath(reinterpret_cast<uintptr_t>(stream),
+                                   BatchEntryPointVersion() != 0, options.per_copy);
+
+  int64_t done = 0;
+  if (result.reason == PathReason::kBatchEntryPoint) {
+    const int64_t per_call =
+        options.max_copies_per_call > 0 ? options.max_copies_per_call : batch.count;
+    std::vector<CUmemcpyAttributes> attrs;
+    std::vector<size_t> first_copy;
+    while (done < batch.count) {
+      const int64_t count = std::min(per_call, batch.count - done);
+      AttributeRuns(batch, done, done + count, attrs, first_copy);
+      size_t fail_index = SIZE_MAX;
+      const CUresult status =
+          CallBatch(batch, done, count, attrs, first_copy, stream, &fail_index);
+      if (status == CUDA_ERROR_NOT_SUPPORTED) {
+        result.reason = PathReason::kDriverNotSupported;
+        break;
+      }
+      if (status != CUDA_SUCCESS) {
+        throw CudaError("cuMemcpyBatchAsync", DriverErrorName(status), status,
+                        fail_index == SIZE_MAX ? -1 : done + static_cast<int64_t>(fail_index));
+      }
+      ++result.driver_calls;
+      done += count;
+    }
+  }
+  if (done < batch.count) result.driver_calls += PerCopy(batch, done, stream);
+  return result;
+}
+
+}  // namespace kvoffload

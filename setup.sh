@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what building and testing kvoffload needs: Debian's Bazel and the pinned
+# Python packages. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+if ! command -v bazel >/dev/null 2>&1; then
+  if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq bazel-bootstrap
+fi
+
+python="${PYTHON_BIN_PATH:-python3}"
+"$python" -m pip install -q -r requirements.txt
+
+if [ ! -x /usr/local/cuda/bin/nvcc ] && [ -z "${CUDA_PATH:-}" ]; then
+  echo "setup.sh: no CUDA toolkit at /usr/local/cuda; install CUDA 13.0 or set CUDA_PATH" >&2
+  exit 1
+fi

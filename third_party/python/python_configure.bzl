@@ -1,0 +1,72 @@
+"""Finds the local Python and nanobind (the TensorFlow *_configure pattern).
+
+Interpreter: $PYTHON_BIN_PATH (a path, or a name looked up on PATH), else python3.
+Python 3.12+ builds the stable-ABI extension (_C.abi3.so).
+"""
+
+_PROBE = """
+import json, os, sys, sysconfig
+try:
+    import nanobind
+    nb = os.path.dirname(nanobind.__file__)
+except ImportError:
+    nb = ""
+print(json.dumps({
+    "executable": sys.executable,
+    "version": list(sys.version_info[:2]),
+    "include": sysconfig.get_paths()["include"],
+    "nanobind": nb,
+}))
+"""
+
+_STABLE_ABI_MIN = [3, 12]
+
+def _fail(msg):
+    fail("kvoffload python_configure: " + msg)
+
+def _find_interpreter(ctx):
+    name = ctx.os.environ.get("PYTHON_BIN_PATH", "python3")
+    if "/" in name:
+        path = ctx.path(name)
+        if not path.exists:
+            _fail("PYTHON_BIN_PATH={} does not exist".format(name))
+        return path
+    path = ctx.which(name)
+    if path == None:
+        _fail("no '{}' on PATH; install Python 3 or set PYTHON_BIN_PATH".format(name))
+    return path
+
+def _python_configure_impl(ctx):
+    interpreter = _find_interpreter(ctx)
+    result = ctx.execute([interpreter, "-c", _PROBE])
+    if result.return_code != 0:
+        _fail("running {} failed: {}".format(interpreter, result.stderr))
+    info = json.decode(result.stdout.strip())
+    if not info["nanobind"]:
+        _fail("nanobind is not installed for {}; run `{} -m pip install -r requirements.txt`".format(
+            info["executable"],
+            info["executable"],
+        ))
+    stable_abi = info["version"] >= _STABLE_ABI_MIN
+    ctx.symlink(info["include"], "include")
+    ctx.symlink(info["nanobind"], "nanobind")
+    ctx.template("BUILD.bazel", ctx.attr._build_tpl, {
+        "%{interpreter}": info["executable"],
+        "%{python_version}": "PY3",
+        "%{stable_abi_defines}": '"Py_LIMITED_API=0x030C0000"' if stable_abi else "",
+    })
+    ctx.file("defs.bzl", "\n".join([
+        '"""What the local Python toolchain was configured with."""',
+        "PYTHON_VERSION = {}".format(repr("{}.{}".format(*info["version"]))),
+        "PYTHON_EXTENSION_SUFFIX = {}".format(repr(".abi3.so" if stable_abi else ".so")),
+        "",
+    ]))
+
+python_configure = repository_rule(
+    implementation = _python_configure_impl,
+    environ = ["PYTHON_BIN_PATH", "PATH"],
+    local = True,
+    attrs = {
+        "_build_tpl": attr.label(default = Label("//third_party/python:BUILD.tpl")),
+    },
+)
