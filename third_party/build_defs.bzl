@@ -103,7 +103,12 @@ cuda_library = rule(
 )
 
 def nanobind_extension(name, srcs, deps = [], **kwargs):
-    """A Python extension module `name` (e.g. "_C"): a shared library exporting only PyInit_."""
+    """A Python extension module `name` (e.g. "_C"): a shared library exporting only PyInit_.
+
+    The file is name + ".abi3.so" for Python 3.12+ (stable ABI), else name + ".so";
+    the target `name` stands for it either way.
+    """
+    native.filegroup(name = name, srcs = [name + PYTHON_EXTENSION_SUFFIX])
     native.cc_binary(
         name = name + PYTHON_EXTENSION_SUFFIX,
         srcs = srcs,
@@ -124,6 +129,8 @@ def kvoffload_py_test(name, srcs, deps = [], tags = [], **kwargs):
         args = ["$(location {})".format(s) for s in srcs],
         python_version = "PY3",
         env = {"PYTHONSAFEPATH": "1"},
+        # An __init__.py in py/ would make it a package that shadows pytest's `py`.
+        legacy_create_init = False,
         tags = tags,
         deps = deps,
         **kwargs

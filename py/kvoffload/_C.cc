@@ -1,0 +1,385 @@
+// kvoffload._C: Python bindings of the C++ core. Arguments are checked here, with
+// errors that name them, before anything is copied.
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cc/batch_copy.h"
+#include "cc/copy_batch.h"
+#include "cc/copy_path.h"
+#include "cc/cuda_error.h"
+#include "cc/host_copy.h"
+
+namespace nb = nanobind;
+
+namespace kvoffload {
+namespace {
+
+using ReadOnlyArray = nb::ndarray<nb::ro>;
+
+std::string TypeName(nb::handle obj) { return nb::type_name(obj.type()).c_str(); }
+
+bool IsCpuDevice(int device_type) {
+  return device_type == nb::device::cpu::value || device_type == nb::device::cuda_host::value;
+}
+
+// A Python integer (or anything with __index__ but bool) as int64.
+int64_t ToInt64(nb::handle obj, const std::string& name) {
+  if (PyBool_Check(obj.ptr()) || PyFloat_Check(obj.ptr())) {
+    throw nb::type_error((name + ": expected an int, got " + TypeName(obj)).c_str());
+  }
+  nb::object index = nb::steal(PyNumber_Index(obj.ptr()));
+  if (!index.is_valid()) {
+    PyErr_Clear();
+    throw nb::type_error((name + ": expected an int, got " + TypeName(obj)).c_str());
+  }
+  const long long value = PyLong_AsLongLong(index.ptr());
+  if (value == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw nb::value_error((name + ": does not fit in int64").c_str());
+  }
+  return value;
+}
+
+// An int64 array argument: a view of a C-contiguous CPU DLPack array of rank `ndim`
+// (numpy, torch), or for rank 1 also a sequence of ints, converted.
+class Int64Array {
+ public:
+  Int64Array(nb::handle obj, const char* name, size_t ndim) : name_(name) {
+    if (nb::ndarray_check(obj)) {
+      FromArray(obj, ndim);
+    } else if (ndim == 1 && PySequence_Check(obj.ptr()) && !PyUnicode_Check(obj.ptr()) &&
+               !PyBytes_Check(obj.ptr())) {
+      FromSequence(obj);
+    } else {
+      throw nb::type_error((name_ + ": expected a " + std::to_string(ndim) +
+                            "-D int64 array" + (ndim == 1 ? " or a sequence of ints" : "") +
+                            ", got " + TypeName(obj))
+                               .c_str());
+    }
+  }
+
+  const int64_t* data() const { return data_; }
+  int64_t size() const { return size_; }
+  int64_t shape(size_t i) const { return static_cast<int64_t>(array_.shape(i)); }
+
+ private:
+  void FromArray(nb::handle obj, size_t ndim) {
+    if (!nb::try_cast(obj, array_, false)) {
+      throw nb::type_error((name_ + ": not a DLPack array this module can read, got " +
+                            TypeName(obj))
+                               .c_str());
+    }
+    if (array_.ndim() != ndim) {
+      throw nb::value_error((name_ + ": expected a " + std::to_string(ndim) +
+                             "-D array, got " + std::to_string(array_.ndim()) + "-D")
+                                .c_str());
+    }
+    if (array_.dtype() != nb::dtype<int64_t>()) {
+      throw nb::type_error((name_ + ": expected dtype int64").c_str());
+    }
+    if (!IsCpuDevice(array_.device_type())) {
+      throw nb::value_error((name_ + ": must be in host memory, got device type " +
+                             std::to_string(array_.device_type()))
+                                .c_str());
+    }
+    int64_t expected = 1;
+    for (size_t d = ndim; d-- > 0 && array_.size() > 0;) {
+      if (array_.shape(d) != 1 && array_.stride(d) != expected) {
+        throw nb::value_error((name_ + ": must be C-contiguous").c_str());
+      }
+      expected *= static_cast<int64_t>(array_.shape(d));
+    }
+    size_ = static_cast<int64_t>(array_.size());
+    data_ = static_cast<const int64_t*>(array_.data());
+  }
+
+  void FromSequence(nb::handle obj) {
+    const Py_ssize_t n = PySequence_Size(obj.ptr());
+    if (n < 0) {
+      PyErr_Clear();
+      throw nb::type_error((name_ + ": sequence has no length").c_str());
+    }
+    owned_.resize(n);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      nb::object item = nb::steal(PySequence_GetItem(obj.ptr(), i));
+      if (!item.is_valid()) throw nb::python_error();
+      owned_[i] = ToInt64(item, name_ + "[" + std::to_string(i) + "]");
+    }
+    data_ = owned_.data();
+    size_ = n;
+  }
+
+  std::string name_;
+  ReadOnlyArray array_;
+  std::vector<int64_t> owned_;
+  const int64_t* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+// None (legacy default stream), an int handle, an object with __cuda_stream__
+// (the CUDA Python stream protocol) or with a cuda_stream attribute (torch).
+cudaStream_t ToStream(nb::handle stream) {
+  if (stream.is_none()) return nullptr;
+  nb::object handle = nb::borrow(stream);
+  if (nb::hasattr(stream, "__cuda_stream__")) {
+    nb::object pair = stream.attr("__cuda_stream__")();
+    if (!nb::isinstance<nb::tuple>(pair) || nb::len(pair) != 2) {
+      throw nb::type_error("stream: __cuda_stream__() must return (version, handle)");
+    }
+    handle = pair[1];
+  } else if (nb::hasattr(stream, "cuda_stream")) {
+    handle = stream.attr("cuda_stream");
+  } else if (!PyLong_Check(stream.ptr()) || PyBool_Check(stream.ptr())) {
+    throw nb::type_error(("stream: expected None, an int handle, or a stream object with "
+                          "__cuda_stream__ or cuda_stream, got " +
+                          TypeName(stream))
+                             .c_str());
+  }
+  const int64_t value = ToInt64(handle, "stream");
+  if (value < 0) throw nb::value_error("stream: handle must be >= 0");
+  return reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(value));
+}
+
+// One order for every copy (an int or SrcAccessOrder), or one per copy.
+std::vector<uint8_t> ToOrders(nb::handle order, int64_t count) {
+  if (PyLong_Check(order.ptr()) && !PyBool_Check(order.ptr())) {
+    const int64_t value = ToInt64(order, "order");
+    if (!IsSrcAccessOrder(value)) {
+      throw nb::value_error(("order: " + std::to_string(value) +
+                             " is not a source access order (STREAM=1, DURING_API_CALL=2, ANY=3)")
+                                .c_str());
+    }
+    return std::vector<uint8_t>(count, static_cast<uint8_t>(value));
+  }
+  Int64Array orders(order, "order", 1);
+  if (orders.size() != count) {
+    throw nb::value_error(("order: has " + std::to_string(orders.size()) +
+                           " entries but there are " + std::to_string(count) + " copies")
+                              .c_str());
+  }
+  std::vector<uint8_t> out(count);
+  for (int64_t i = 0; i < count; ++i) {
+    if (!IsSrcAccessOrder(orders.data()[i])) {
+      throw nb::value_error(("order[" + std::to_string(i) + "]: " +
+                             std::to_string(orders.data()[i]) + " is not a source access order")
+                                .c_str());
+    }
+    out[i] = static_cast<uint8_t>(orders.data()[i]);
+  }
+  return out;
+}
+
+// src, dst and sizes of equal length.
+struct CopyArrays {
+  CopyArrays(nb::handle src_obj, nb::handle dst_obj, nb::handle sizes_obj)
+      : src(src_obj, "src", 1), dst(dst_obj, "dst", 1), sizes(sizes_obj, "sizes", 1) {
+    if (dst.size() != src.size()) {
+      throw nb::value_error(("dst: has " + std::to_string(dst.size()) + " entries but src has " +
+                             std::to_string(src.size()))
+                                .c_str());
+    }
+    if (sizes.size() != src.size()) {
+      throw nb::value_error(("sizes: has " + std::to_string(sizes.size()) +
+                             " entries but src has " + std::to_string(src.size()))
+                                .c_str());
+    }
+  }
+  CopyBatch Batch(const std::vector<uint8_t>* orders) const {
+    return CopyBatch{src.data(), dst.data(), sizes.data(), src.size(),
+                     orders == nullptr ? nullptr : orders->data()};
+  }
+  Int64Array src, dst, sizes;
+};
+
+CopyResult RunBatchCopy(const CopyBatch& batch, cudaStream_t stream,
+                        const BatchCopyOptions& options) {
+  nb::gil_scoped_release release;
+  return BatchCopy(batch, stream, options);
+}
+
+CopyResult RunHostCopy(const CopyBatch& batch, int threads) {
+  nb::gil_scoped_release release;
+  return HostCopy(batch, threads);
+}
+
+CopyResult PyBatchCopy(nb::handle src, nb::handle dst, nb::handle sizes, nb::handle stream,
+                       nb::handle order, int64_t max_copies_per_call, bool per_copy) {
+  CopyArrays arrays(src, dst, sizes);
+  const std::vector<uint8_t> orders = ToOrders(order, arrays.src.size());
+  return RunBatchCopy(arrays.Batch(&orders), ToStream(stream),
+                      BatchCopyOptions{max_copies_per_call, per_copy});
+}
+
+CopyResult PyHostCopy(nb::handle src, nb::handle dst, nb::handle sizes, int threads) {
+  CopyArrays arrays(src, dst, sizes);
+  return RunHostCopy(arrays.Batch(nullptr), threads);
+}
+
+// A tensor seen as blocks along dim 0, each block's elements contiguous.
+struct BlockTensor {
+  BlockTensor(nb::handle obj, const char* tensor_name, bool writable) : name(tensor_name) {
+    nb::ndarray<> writable_view;
+    if ((writable && !nb::try_cast(obj, writable_view, false)) ||
+        !nb::try_cast(obj, array, false)) {
+      throw nb::type_error((name + ": expected a " + (writable ? "writable " : "") +
+                            "DLPack tensor, got " + TypeName(obj))
+                               .c_str());
+    }
+    const int type = array.device_type();
+    if (!IsCpuDevice(type) && type != nb::device::cuda::value &&
+        type != nb::device::cuda_managed::value) {
+      throw nb::value_error((name + ": device type " + std::to_string(type) +
+                             " is neither host memory nor CUDA memory")
+                                .c_str());
+    }
+    if (array.ndim() < 1) throw nb::value_error((name + ": needs a block dimension").c_str());
+    int64_t elements = 1;
+    for (size_t d = array.ndim(); d-- > 1;) {
+      if (array.shape(d) != 1 && array.stride(d) != elements) {
+        throw nb::value_error((name + ": each block (dims 1 and up) must be contiguous").c_str());
+      }
+      elements *= static_cast<int64_t>(array.shape(d));
+    }
+    blocks = static_cast<int64_t>(array.shape(0));
+    if (blocks > 1 && array.stride(0) < elements) {
+      throw nb::value_error((name + ": blocks overlap (dim-0 stride " +
+                             std::to_string(array.stride(0)) + " < block size " +
+                             std::to_string(elements) + " elements)")
+                                .c_str());
+    }
+    block_bytes = elements * static_cast<int64_t>(array.itemsize());
+    stride_bytes = array.stride(0) * static_cast<int64_t>(array.itemsize());
+    base = reinterpret_cast<int64_t>(array.data());
+  }
+
+  bool on_host() const { return array.device_type() == nb::device::cpu::value; }
+  int64_t Address(int64_t block) const { return base + block * stride_bytes; }
+
+  std::string name;
+  ReadOnlyArray array;
+  int64_t blocks = 0;
+  int64_t block_bytes = 0;
+  int64_t stride_bytes = 0;
+  int64_t base = 0;
+};
+
+void CheckSameBlocks(const BlockTensor& src, const BlockTensor& dst) {
+  if (src.array.dtype() != dst.array.dtype()) {
+    throw nb::type_error("dst: dtype differs from src's");
+  }
+  if (src.array.ndim() != dst.array.ndim()) {
+    throw nb::value_error("dst: rank differs from src's");
+  }
+  for (size_t d = 1; d < src.array.ndim(); ++d) {
+    if (src.array.shape(d) != dst.array.shape(d)) {
+      throw nb::value_error(("dst: shape differs from src's in dim " + std::to_string(d)).c_str());
+    }
+  }
+}
+
+// Copies block mapping[i, 0] of src to block mapping[i, 1] of dst, for every i.
+CopyResult PyCopyBlocks(nb::handle src_obj, nb::handle dst_obj, nb::handle mapping_obj,
+                        nb::handle stream, nb::handle order, int64_t max_copies_per_call) {
+  const BlockTensor src(src_obj, "src", false);
+  const BlockTensor dst(dst_obj, "dst", true);
+  CheckSameBlocks(src, dst);
+  Int64Array mapping(mapping_obj, "block_mapping", 2);
+  if (mapping.shape(1) != 2) {
+    throw nb::value_error(("block_mapping: expected shape [N, 2], got [" +
+                           std::to_string(mapping.shape(0)) + ", " +
+                           std::to_string(mapping.shape(1)) + "]")
+                              .c_str());
+  }
+  const int64_t count = src.block_bytes == 0 ? 0 : mapping.shape(0);
+  std::vector<int64_t> src_ptr(count), dst_ptr(count), sizes(count, src.block_bytes);
+  std::vector<bool> written(dst.blocks, false);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t s = mapping.data()[2 * i], d = mapping.data()[2 * i + 1];
+    const std::string at = "block_mapping[" + std::to_string(i);
+    if (s < 0 || s >= src.blocks) {
+      throw nb::value_error((at + ", 0]: source block " + std::to_string(s) +
+                             " is out of range for src with " + std::to_string(src.blocks) +
+                             " blocks")
+                                .c_str());
+    }
+    if (d < 0 || d >= dst.blocks) {
+      throw nb::value_error((at + ", 1]: destination block " + std::to_string(d) +
+                             " is out of range for dst with " + std::to_string(dst.blocks) +
+                             " blocks")
+                                .c_str());
+    }
+    if (written[d]) {
+      throw nb::value_error(
+          (at + ", 1]: destination block " + std::to_string(d) + " is written twice").c_str());
+    }
+    written[d] = true;
+    src_ptr[i] = src.Address(s);
+    dst_ptr[i] = dst.Address(d);
+  }
+  if (src.on_host() && dst.on_host()) {
+    return RunHostCopy(CopyBatch{src_ptr.data(), dst_ptr.data(), sizes.data(), count}, 0);
+  }
+  const std::vector<uint8_t> orders = ToOrders(order, count);
+  return RunBatchCopy(
+      CopyBatch{src_ptr.data(), dst_ptr.data(), sizes.data(), count, orders.data()},
+      ToStream(stream), BatchCopyOptions{max_copies_per_call, false});
+}
+
+}  // namespace
+}  // namespace kvoffload
+
+NB_MODULE(_C, m) {
+  using namespace kvoffload;
+  m.doc() = "kvoffload's C++ core: batch copies between GPU and host memory.";
+
+  nb::exception<CudaError> cuda_error(m, "CudaError", PyExc_RuntimeError);
+  nb::exception<NoCudaDeviceError>(m, "NoCudaDeviceError", cuda_error);
+
+  nb::enum_<SrcAccessOrder>(m, "SrcAccessOrder", nb::is_arithmetic(),
+                            "When a copy may read its source.")
+      .value("STREAM", SrcAccessOrder::kStream, "in stream order")
+      .value("DURING_API_CALL", SrcAccessOrder::kDuringApiCall,
+             "before the submitting call returns")
+      .value("ANY", SrcAccessOrder::kAny, "at any time; the source must be quiescent");
+
+  nb::class_<CopyResult>(m, "CopyResult", "What a copy call did.")
+      .def_prop_ro("path", [](const CopyResult& r) { return PathName(PathFor(r.reason)); })
+      .def_prop_ro("reason", [](const CopyResult& r) { return ReasonText(r.reason); })
+      .def_ro("copies", &CopyResult::copies)
+      .def_ro("bytes", &CopyResult::bytes)
+      .def_ro("driver_calls", &CopyResult::driver_calls)
+      .def("__repr__", [](const CopyResult& r) {
+        return std::string("CopyResult(path='") + PathName(PathFor(r.reason)) + "', reason='" +
+               ReasonText(r.reason) + "', copies=" + std::to_string(r.copies) +
+               ", bytes=" + std::to_string(r.bytes) +
+               ", driver_calls=" + std::to_string(r.driver_calls) + ")";
+      });
+
+  m.def("batch_copy", &PyBatchCopy, nb::arg("src"), nb::arg("dst"), nb::arg("sizes"),
+        nb::arg("stream").none() = nb::none(),
+        nb::arg("order") = static_cast<int>(SrcAccessOrder::kStream),
+        nb::arg("max_copies_per_call") = 0, nb::arg("per_copy") = false);
+  m.def("host_copy", &PyHostCopy, nb::arg("src"), nb::arg("dst"), nb::arg("sizes"),
+        nb::arg("threads") = 0);
+  m.def("copy_blocks", &PyCopyBlocks, nb::arg("src"), nb::arg("dst"), nb::arg("block_mapping"),
+        nb::arg("stream").none() = nb::none(),
+        nb::arg("order") = static_cast<int>(SrcAccessOrder::kStream),
+        nb::arg("max_copies_per_call") = 0);
+  m.def(
+      "device_path",
+      [](nb::handle stream, bool batch_entry_point, bool per_copy) {
+        const PathReason reason =
+            ChooseDevicePath(reinterpret_cast<uintptr_t>(ToStream(stream)), batch_entry_point,
+                             per_copy);
+        return nb::make_tuple(PathName(PathFor(reason)), ReasonText(reason));
+      },
+      nb::arg("stream").none(), nb::arg("batch_entry_point"), nb::arg("per_copy") = false);
+  m.def("batch_entry_point_version", &BatchEntryPointVersion);
+  m.attr("HOST_THREADING_BYTES") = kHostThreadingBytes;
+}

@@ -1,0 +1,27 @@
+"""kvoffload: moves LLM KV-cache blocks between GPU memory and host memory."""
+
+from kvoffload.batch_copy import (
+    HOST_THREADING_BYTES,
+    CopyResult,
+    CudaError,
+    NoCudaDeviceError,
+    SrcAccessOrder,
+    batch_copy,
+    batch_entry_point_version,
+    copy_blocks,
+    device_path,
+    host_copy,
+)
+
+__all__ = [
+    "HOST_THREADING_BYTES",
+    "CopyResult",
+    "CudaError",
+    "NoCudaDeviceError",
+    "SrcAccessOrder",
+    "batch_copy",
+    "batch_entry_point_version",
+    "copy_blocks",
+    "device_path",
+    "host_copy",
+]

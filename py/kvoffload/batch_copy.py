@@ -1,0 +1,86 @@
+"""Batch copies between GPU and host memory: the Python face of ``kvoffload._C``.
+
+Pointer arrays are 1-D int64 arrays in host memory (numpy, torch) or sequences of
+ints. ``stream`` is None (the legacy default stream), an int handle, or a stream
+object (``__cuda_stream__`` or ``cuda_stream``, as torch.cuda.Stream has). Every
+argument is checked before anything is copied; a bad one raises TypeError or
+ValueError naming it, and a failing CUDA call raises CudaError with the CUDA error
+name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence, Union
+
+from kvoffload import _C
+
+CudaError = _C.CudaError
+NoCudaDeviceError = _C.NoCudaDeviceError
+SrcAccessOrder = _C.SrcAccessOrder
+CopyResult = _C.CopyResult
+
+Int64Array = Union[Sequence[int], Any]  # a 1-D int64 host array or a sequence of ints
+Stream = Any  # None, an int handle, or a stream object
+Orders = Union[SrcAccessOrder, int, Int64Array]
+
+
+def batch_copy(
+    src: Int64Array,
+    dst: Int64Array,
+    sizes: Int64Array,
+    stream: Stream = None,
+    order: Orders = SrcAccessOrder.STREAM,
+    max_copies_per_call: int = 0,
+    per_copy: bool = False,
+) -> CopyResult:
+    """Enqueues ``sizes[i]`` bytes from ``src[i]`` to ``dst[i]`` on ``stream``.
+
+    Uses the driver's cuMemcpyBatchAsync, or one cudaMemcpyAsync per copy when the
+    stream is the legacy default stream, the driver lacks the batch call or answers
+    "not supported", or ``per_copy`` is set; ``result.path`` and ``result.reason``
+    say which. ``order`` is one SrcAccessOrder for all copies or one per copy;
+    ANY is safe only when nothing in flight writes the source. ``max_copies_per_call``
+    splits the batch into driver calls of at most that many copies (0: one call).
+    """
+    return _C.batch_copy(src, dst, sizes, stream, order, max_copies_per_call, per_copy)
+
+
+def host_copy(src: Int64Array, dst: Int64Array, sizes: Int64Array, threads: int = 0) -> CopyResult:
+    """Copies host memory to host memory with memcpy; needs no GPU.
+
+    Batches of at least ``HOST_THREADING_BYTES`` are split over ``threads`` threads
+    (0: the core count, at most 8). Ranges must not overlap.
+    """
+    return _C.host_copy(src, dst, sizes, threads)
+
+
+def copy_blocks(
+    src: Any,
+    dst: Any,
+    block_mapping: Any,
+    stream: Stream = None,
+    order: Orders = SrcAccessOrder.STREAM,
+    max_copies_per_call: int = 0,
+) -> CopyResult:
+    """Copies block ``block_mapping[i, 0]`` of ``src`` to block ``block_mapping[i, 1]`` of ``dst``.
+
+    ``src`` and ``dst`` are DLPack tensors (torch, numpy, cupy) in host or CUDA memory,
+    of one dtype and equal shape past dim 0; a block is one index of dim 0 and must be
+    contiguous. ``block_mapping`` is an ``[N, 2]`` int64 host array. Every block id is
+    bounds-checked and no destination block may appear twice. Two host tensors take
+    the host path; otherwise the copies go through ``batch_copy``.
+    """
+    return _C.copy_blocks(src, dst, block_mapping, stream, order, max_copies_per_call)
+
+
+def device_path(stream: Stream, batch_entry_point: bool, per_copy: bool = False) -> tuple[str, str]:
+    """The (path, reason) a device batch on ``stream`` takes, without calling CUDA."""
+    return _C.device_path(stream, batch_entry_point, per_copy)
+
+
+def batch_entry_point_version() -> int:
+    """Which cuMemcpyBatchAsync the driver offers: 13000, 12080, or 0 for none."""
+    return _C.batch_entry_point_version()
+
+
+HOST_THREADING_BYTES: int = _C.HOST_THREADING_BYTES

@@ -1,0 +1,280 @@
+"""kvoffload.batch_copy on a machine without a GPU: the host path, argument checks,
+path choice, and the no-device error."""
+
+import numpy as np
+import pytest
+import torch
+
+import kvoffload as kv
+from scatter import POISON, poisoned, random_bytes, scatter
+
+HOST_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def host_pools(rng, pool_bytes):
+    return random_bytes(rng, pool_bytes), poisoned(pool_bytes)
+
+
+class TestHostCopy:
+    @pytest.mark.parametrize("size", [1, 3, 15, 16, 17, 4095, 4096, 4097])
+    def test_scattered_copies_of_one_size(self, rng, size):
+        src, dst = host_pools(rng, 1 << 20)
+        plan = scatter(rng, np.full(50, size), slot=8192, pool_bytes=src.size, misalign=True)
+        want = plan.expected(src, dst)
+        result = kv.host_copy(*plan.pointers(src.ctypes.data, dst.ctypes.data), plan.sizes)
+        np.testing.assert_array_equal(dst, want)
+        assert (result.path, result.copies, result.bytes) == ("host", 50, 50 * size)
+
+    def test_mixed_sizes_from_python_lists(self, rng):
+        src, dst = host_pools(rng, 1 << 20)
+        plan = scatter(rng, rng.integers(1, 4097, 200), slot=4096, pool_bytes=src.size)
+        want = plan.expected(src, dst)
+        s, d = plan.pointers(src.ctypes.data, dst.ctypes.data)
+        kv.host_copy(s.tolist(), d.tolist(), plan.sizes.tolist())
+        np.testing.assert_array_equal(dst, want)
+
+    def test_torch_int64_pointer_arrays(self, rng):
+        src, dst = host_pools(rng, 1 << 16)
+        plan = scatter(rng, np.full(10, 64), slot=64, pool_bytes=src.size)
+        want = plan.expected(src, dst)
+        s, d = plan.pointers(src.ctypes.data, dst.ctypes.data)
+        kv.host_copy(torch.from_numpy(s), torch.from_numpy(d), torch.from_numpy(plan.sizes))
+        np.testing.assert_array_equal(dst, want)
+
+    @pytest.mark.parametrize("sizes", [[48 << 20], [1 << 20] * 40, [7] * 3 + [40 << 20] + [5] * 3])
+    def test_large_batches_split_over_threads(self, rng, sizes):
+        total = sum(sizes)
+        src, dst = random_bytes(rng, total), poisoned(total + 64)
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        result = kv.host_copy(offsets + src.ctypes.data, offsets + dst.ctypes.data + 32,
+                              sizes, threads=3)
+        assert total >= kv.HOST_THREADING_BYTES and result.driver_calls == 3
+        np.testing.assert_array_equal(dst[32 : 32 + total], src)
+        assert (dst[:32] == POISON).all() and (dst[32 + total :] == POISON).all()
+
+    def test_empty_batch_copies_nothing(self):
+        result = kv.host_copy([], [], [])
+        assert (result.path, result.copies, result.bytes) == ("none", 0, 0)
+
+
+def _valid_arrays(src, dst, n=3, size=8):
+    s = np.arange(n, dtype=np.int64) * size + src.ctypes.data
+    d = np.arange(n, dtype=np.int64) * size + dst.ctypes.data
+    return s, d, np.full(n, size, dtype=np.int64)
+
+
+# (what to change, exception, the message's start). Each names the argument at fault.
+BAD_ARRAYS = {
+    "dst shorter": (lambda s, d, z: (s, d[:2], z), ValueError, r"dst: has 2 entries but src has 3"),
+    "sizes shorter": (lambda s, d, z: (s, d, z[:1]), ValueError, r"sizes: has 1 entries"),
+    "zero size": (lambda s, d, z: (s, d, np.array([8, 0, 8])), ValueError, r"sizes\[1\]: must be > 0"),
+    "negative size": (lambda s, d, z: (s, d, np.array([8, 8, -4])), ValueError, r"sizes\[2\]: must be > 0"),
+    "null src": (lambda s, d, z: (np.array([s[0], 0, s[2]]), d, z), ValueError, r"src\[1\]: null pointer"),
+    "null dst": (lambda s, d, z: (s, np.array([d[0], d[1], 0]), z), ValueError, r"dst\[2\]: null pointer"),
+    "int32 src": (lambda s, d, z: (s.astype(np.int32), d, z), TypeError, r"src: expected dtype int64"),
+    "float sizes": (lambda s, d, z: (s, d, z.astype(np.float64)), TypeError, r"sizes: expected dtype int64"),
+    "2-D dst": (lambda s, d, z: (s, d.reshape(3, 1), z), ValueError, r"dst: expected a 1-D array, got 2-D"),
+    "strided src": (lambda s, d, z: (np.repeat(s, 2)[::2], d, z), ValueError, r"src: must be C-contiguous"),
+    "float in list": (lambda s, d, z: (s, d, [8.0, 8, 8]), TypeError, r"sizes\[0\]: expected an int"),
+    "bool in list": (lambda s, d, z: (s, [True] + d.tolist()[1:], z), TypeError, r"dst\[0\]: expected an int"),
+    "string": (lambda s, d, z: ("abc", d, z), TypeError, r"src: expected a 1-D int64 array"),
+    "dict": (lambda s, d, z: (s, {}, z), TypeError, r"dst: expected a 1-D int64 array"),
+    "huge int": (lambda s, d, z: (s, d, [1 << 64, 8, 8]), ValueError, r"sizes\[0\]: does not fit in int64"),
+}
+
+
+@pytest.mark.parametrize("copy", [kv.host_copy, kv.batch_copy], ids=["host_copy", "batch_copy"])
+@pytest.mark.parametrize("case", BAD_ARRAYS.keys())
+def test_bad_arrays_raise_naming_the_argument_and_copy_nothing(rng, copy, case):
+    change, error, message = BAD_ARRAYS[case]
+    src, dst = random_bytes(rng, 64), poisoned(64)
+    with pytest.raises(error, match=message):
+        copy(*change(*_valid_arrays(src, dst)))
+    assert (dst == POISON).all()
+
+
+BAD_BATCH_OPTIONS = {
+    "order value": (dict(order=7), ValueError, r"order: 7 is not a source access order"),
+    "order per copy": (dict(order=[1, 3, 4]), ValueError, r"order\[2\]: 4 is not a source access order"),
+    "order length": (dict(order=[1, 3]), ValueError, r"order: has 2 entries but there are 3 copies"),
+    "order type": (dict(order="ANY"), TypeError, r"order: expected a 1-D int64 array"),
+    "stream type": (dict(stream="s"), TypeError, r"stream: expected None, an int handle"),
+    "stream float": (dict(stream=2.0), TypeError, r"stream: expected None"),
+    "stream bool": (dict(stream=True), TypeError, r"stream: expected None"),
+    "stream negative": (dict(stream=-1), ValueError, r"stream: handle must be >= 0"),
+    "chunk size": (dict(max_copies_per_call=-1), ValueError, r"max_copies_per_call: must be >= 0"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_BATCH_OPTIONS.keys())
+def test_bad_batch_options_raise_naming_the_argument(rng, case):
+    kwargs, error, message = BAD_BATCH_OPTIONS[case]
+    src, dst = random_bytes(rng, 64), poisoned(64)
+    with pytest.raises(error, match=message):
+        kv.batch_copy(*_valid_arrays(src, dst), **kwargs)
+    assert (dst == POISON).all()
+
+
+def test_a_bad_copy_last_in_the_batch_stops_every_copy(rng):
+    src, dst = random_bytes(rng, 1 << 16), poisoned(1 << 16)
+    plan = scatter(rng, np.full(1000, 32), slot=64, pool_bytes=src.size)
+    s, d = plan.pointers(src.ctypes.data, dst.ctypes.data)
+    d[-1] = 0
+    with pytest.raises(ValueError, match=r"dst\[999\]: null pointer"):
+        kv.host_copy(s, d, plan.sizes)
+    assert (dst == POISON).all()
+
+
+class FakeTorchStream:
+    def __init__(self, handle):
+        self.cuda_stream = handle
+
+
+class FakeCudaPythonStream:
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+CREATED_STREAM = 0x5A5A0000
+
+# (stream, batch entry point resolved, per-copy requested) -> (path, reason)
+DEVICE_PATHS = [
+    (None, True, False, "per_copy", "legacy default stream"),
+    (0, True, False, "per_copy", "legacy default stream"),
+    (1, True, False, "per_copy", "legacy default stream"),
+    (2, True, False, "batch", "driver batch copy available"),
+    (CREATED_STREAM, True, False, "batch", "driver batch copy available"),
+    (CREATED_STREAM, False, False, "per_copy", "driver has no cuMemcpyBatchAsync"),
+    (2, False, False, "per_copy", "driver has no cuMemcpyBatchAsync"),
+    (None, False, False, "per_copy", "legacy default stream"),
+    (CREATED_STREAM, True, True, "per_copy", "per-copy requested"),
+    (None, True, True, "per_copy", "per-copy requested"),
+    (FakeTorchStream(CREATED_STREAM), True, False, "batch", "driver batch copy available"),
+    (FakeTorchStream(0), True, False, "per_copy", "legacy default stream"),
+    (FakeCudaPythonStream(1), True, False, "per_copy", "legacy default stream"),
+    (FakeCudaPythonStream(CREATED_STREAM), True, False, "batch", "driver batch copy available"),
+]
+
+
+@pytest.mark.parametrize("stream,entry_point,per_copy,path,reason", DEVICE_PATHS)
+def test_device_path_names_its_reason(stream, entry_point, per_copy, path, reason):
+    got_path, got_reason = kv.device_path(stream, entry_point, per_copy)
+    assert got_path == path and got_reason.startswith(reason)
+
+
+def test_a_stream_protocol_that_returns_no_pair_is_a_type_error():
+    class Broken:
+        def __cuda_stream__(self):
+            return 5
+
+    with pytest.raises(TypeError, match=r"stream: __cuda_stream__\(\) must return"):
+        kv.device_path(Broken(), True)
+
+
+@HOST_ONLY
+@pytest.mark.parametrize("stream", [None, 2, CREATED_STREAM])
+def test_batch_copy_without_a_gpu_raises_no_cuda_device(rng, stream):
+    src, dst = random_bytes(rng, 64), poisoned(64)
+    with pytest.raises(kv.NoCudaDeviceError, match=r"no CUDA device") as info:
+        kv.batch_copy(*_valid_arrays(src, dst), stream=stream)
+    assert isinstance(info.value, kv.CudaError)
+    assert "cudaErrorInsufficientDriver" in str(info.value) or "cudaErrorNoDevice" in str(info.value)
+    assert (dst == POISON).all()
+
+
+@HOST_ONLY
+def test_batch_entry_point_without_a_gpu_raises_no_cuda_device():
+    with pytest.raises(kv.NoCudaDeviceError):
+        kv.batch_entry_point_version()
+
+
+def _block_tensors(rng, make, src_blocks=16, dst_blocks=12, block_shape=(2, 3, 5)):
+    src = make(rng.standard_normal((src_blocks, *block_shape)).astype(np.float32))
+    dst = make(np.full((dst_blocks, *block_shape), -7.0, dtype=np.float32))
+    return src, dst
+
+
+TENSOR_KINDS = {"numpy": np.ascontiguousarray, "torch": torch.from_numpy}
+
+
+class TestCopyBlocks:
+    @pytest.mark.parametrize("kind", TENSOR_KINDS.keys())
+    def test_random_mapping_on_host(self, rng, kind):
+        src, dst = _block_tensors(rng, TENSOR_KINDS[kind])
+        mapping = np.stack([rng.permutation(16)[:9], rng.permutation(12)[:9]], axis=1)
+        want = np.asarray(dst).copy()
+        want[mapping[:, 1]] = np.asarray(src)[mapping[:, 0]]
+        result = kv.copy_blocks(src, dst, mapping)
+        np.testing.assert_array_equal(np.asarray(dst), want)
+        assert (result.path, result.copies, result.bytes) == ("host", 9, 9 * 30 * 4)
+
+    def test_strided_blocks_of_a_view(self, rng):
+        # Blocks of a [layers, blocks, ...] cache seen through one layer: dim-0 stride > block.
+        cache = torch.from_numpy(rng.standard_normal((2, 8, 4, 4)).astype(np.float32))
+        host = torch.full((2, 8, 4, 4), -1.0)
+        mapping = torch.tensor([[0, 7], [5, 2], [3, 3]])
+        kv.copy_blocks(cache[:, :, :, :].permute(1, 0, 2, 3)[:, 1], host[1], mapping)
+        want = torch.full((2, 8, 4, 4), -1.0)
+        want[1][mapping[:, 1]] = cache[1][mapping[:, 0]]
+        assert torch.equal(host, want)
+
+    def test_empty_mapping_copies_nothing(self, rng):
+        src, dst = _block_tensors(rng, np.ascontiguousarray)
+        result = kv.copy_blocks(src, dst, np.zeros((0, 2), dtype=np.int64))
+        assert result.path == "none" and (dst == -7.0).all()
+
+    BAD = {
+        "src block too large": (lambda m: m.__setitem__((2, 0), 16), ValueError,
+                                r"block_mapping\[2, 0\]: source block 16 is out of range for src with 16 blocks"),
+        "negative src block": (lambda m: m.__setitem__((0, 0), -1), ValueError,
+                               r"block_mapping\[0, 0\]: source block -1 is out of range"),
+        "dst block too large": (lambda m: m.__setitem__((3, 1), 12), ValueError,
+                                r"block_mapping\[3, 1\]: destination block 12 is out of range for dst with 12 blocks"),
+        "dst written twice": (lambda m: m.__setitem__((4, 1), m[1, 1]), ValueError,
+                              r"block_mapping\[4, 1\]: destination block \d+ is written twice"),
+    }
+
+    @pytest.mark.parametrize("case", BAD.keys())
+    def test_bad_block_ids_raise_and_copy_nothing(self, rng, case):
+        src, dst = _block_tensors(rng, np.ascontiguousarray)
+        mapping = np.stack([rng.permutation(16)[:6], rng.permutation(12)[:6]], axis=1)
+        change, error, message = self.BAD[case]
+        change(mapping)
+        with pytest.raises(error, match=message):
+            kv.copy_blocks(src, dst, mapping)
+        assert (dst == -7.0).all()
+
+    def test_bad_tensors_and_mappings(self, rng):
+        src, dst = _block_tensors(rng, np.ascontiguousarray)
+        ok = np.array([[0, 0]], dtype=np.int64)
+        cases = [
+            ((src, dst.astype(np.float64), ok), TypeError, r"dst: dtype differs"),
+            ((src, dst[:, :1], ok), ValueError, r"dst: shape differs from src's in dim 1"),
+            ((src, np.zeros((12, 2, 3), np.float32), ok), ValueError, r"dst: rank differs"),
+            ((src[:, :, :, ::2], dst[..., :3], ok), ValueError, r"src: each block .* must be contiguous"),
+            ((src, np.broadcast_to(dst[:1], dst.shape), ok), TypeError, r"dst: expected a writable DLPack tensor"),
+            ((src, dst, ok.astype(np.int32)), TypeError, r"block_mapping: expected dtype int64"),
+            ((src, dst, np.zeros((2, 3), np.int64)), ValueError, r"block_mapping: expected shape \[N, 2\], got \[2, 3\]"),
+            ((src, dst, np.zeros(4, np.int64)), ValueError, r"block_mapping: expected a 2-D array, got 1-D"),
+            ((src, dst, [[0, 0]]), TypeError, r"block_mapping: expected a 2-D int64 array"),
+            (("src", dst, ok), TypeError, r"src: expected a DLPack tensor"),
+        ]
+        for args, error, message in cases:
+            with pytest.raises(error, match=message):
+                kv.copy_blocks(*args)
+        assert (dst == -7.0).all()
+
+    def test_overlapping_destination_blocks_are_rejected(self, rng):
+        src, _ = _block_tensors(rng, torch.from_numpy)
+        flat = torch.zeros(200)
+        overlapping = flat.as_strided((4, 2, 3, 5), (10, 15, 5, 1))
+        with pytest.raises(ValueError, match=r"dst: blocks overlap"):
+            kv.copy_blocks(src, overlapping, torch.tensor([[0, 0]]))
