@@ -7,7 +7,6 @@ COPTS = [
     "-std=c++17",
     "-O2",
     "-Wall",
-    "-fvisibility=hidden",
 ]
 
 # Hopper machine code, plus PTX that newer GPUs compile at load time.
@@ -51,7 +50,7 @@ def _cuda_library_impl(ctx):
         args = ctx.actions.args()
         args.add_all(["-x", "cu", "-c", src.path, "-o", obj.path])
         args.add_all(["-ccbin", cc_toolchain.compiler_executable])
-        args.add_all(["-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden"])
+        args.add_all(["-Xcompiler", "-fPIC"])
         args.add_all(["-std=c++17", "-O2"])
         args.add_all(CUDA_GENCODE)
         args.add_all(_include_flags(compilation_context))
@@ -80,6 +79,8 @@ def _cuda_library_impl(ctx):
         ),
         linking_contexts = [d.linking_context for d in deps_cc],
         name = ctx.label.name,
+        # Static only: the static CUDA runtime then resolves in the final link, once.
+        disallow_dynamic_library = True,
     )
     return [
         DefaultInfo(files = depset(objects)),
@@ -102,6 +103,8 @@ cuda_library = rule(
     toolchains = ["@bazel_tools//tools/cpp:toolchain_type"],
 )
 
+_EXTENSION_LDS = Label("//third_party:python_extension.lds")
+
 def nanobind_extension(name, srcs, deps = [], **kwargs):
     """A Python extension module `name` (e.g. "_C"): a shared library exporting only PyInit_.
 
@@ -112,14 +115,15 @@ def nanobind_extension(name, srcs, deps = [], **kwargs):
     native.cc_binary(
         name = name + PYTHON_EXTENSION_SUFFIX,
         srcs = srcs,
-        copts = COPTS + ["-fno-strict-aliasing"],
+        copts = COPTS + ["-fvisibility=hidden", "-fno-strict-aliasing"],
         linkshared = True,
-        linkopts = ["-Wl,--exclude-libs,ALL"],
+        linkopts = ["-Wl,--version-script=$(location {})".format(_EXTENSION_LDS)],
+        additional_linker_inputs = [_EXTENSION_LDS],
         deps = deps + ["@kvoffload_python//:nanobind"],
         **kwargs
     )
 
-def kvoffload_py_test(name, srcs, deps = [], tags = [], **kwargs):
+def kvoffload_py_test(name, srcs, deps = [], tags = [], size = "small", **kwargs):
     """A pytest file run through the shared runner on the configured interpreter."""
     runner = Label("//third_party:pytest_main.py")
     native.py_test(
@@ -131,6 +135,7 @@ def kvoffload_py_test(name, srcs, deps = [], tags = [], **kwargs):
         env = {"PYTHONSAFEPATH": "1"},
         # An __init__.py in py/ would make it a package that shadows pytest's `py`.
         legacy_create_init = False,
+        size = size,
         tags = tags,
         deps = deps,
         **kwargs
