@@ -1,0 +1,309 @@
+"""Multi-group KV-cache transfers into copy descriptors.
+
+A KV cache is a list of groups (KVLayout); a group has tensors (one per layer, or per
+layer and K/V) that share a block count on the GPU and a chunk count on the CPU. GPU
+block b of a tensor starts at ``gpu_base + b * gpu_stride`` and holds ``page_bytes``
+(which may be less than the stride). A CPU chunk holds ``blocks_per_chunk`` consecutive
+blocks of one tensor: sub-block j of chunk c starts at
+``cpu_base + c * cpu_stride + j * page_bytes``.
+
+A transfer names GPU blocks and CPU chunks as vLLM's offload worker does (GPUSpec,
+CPUSpec). For group g with n blocks whose first logical index is b, the first
+``skip = b % blocks_per_chunk`` sub-blocks of its first chunk are left alone: block i
+goes to chunk ``(skip + i) // blocks_per_chunk``, sub-block ``(skip + i) % blocks_per_chunk``.
+One TransferPlan serves both directions, store (GPU -> CPU) and load (CPU -> GPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+
+def _require_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name}: must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _int64_vector(name: str, values) -> np.ndarray:
+    array = np.asarray(values)
+    if array.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if array.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array, got {array.ndim}-D")
+    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{name}: expected integers, got dtype {array.dtype}")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorLayout:
+    """Where one tensor's blocks live, in bytes."""
+
+    gpu_base: int
+    gpu_stride: int
+    page_bytes: int
+    cpu_base: int
+    cpu_stride: int
+
+    def __post_init__(self):
+        _require_int("gpu_base", self.gpu_base, 1)
+        _require_int("cpu_base", self.cpu_base, 1)
+        _require_int("page_bytes", self.page_bytes, 1)
+        _require_int("gpu_stride", self.gpu_stride, self.page_bytes)
+        _require_int("cpu_stride", self.cpu_stride, self.page_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupLayout:
+    tensors: tuple[TensorLayout, ...]
+    num_gpu_blocks: int
+    num_cpu_chunks: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "tensors", tuple(self.tensors))
+        _require_int("num_gpu_blocks", self.num_gpu_blocks, 0)
+        _require_int("num_cpu_chunks", self.num_cpu_chunks, 0)
+        if not all(isinstance(t, TensorLayout) for t in self.tensors):
+            raise TypeError("tensors: expected TensorLayout entries")
+
+    def column(self, field: str) -> np.ndarray:
+        """One field of every tensor, as an int64 column for broadcasting over blocks."""
+        return np.array([getattr(t, field) for t in self.tensors], dtype=np.int64)[:, None]
+
+
+def _first_overlap(base, stride, span, count) -> tuple[int, int] | None:
+    """The first pair of regions that share a byte; region k is count[k] spans of span[k]
+    bytes, stride[k] apart, from base[k]."""
+    i, j = np.triu_indices(len(base), k=1)
+    end = base + (count - 1) * stride + span
+    apart = (end[i] <= base[j]) | (end[j] <= base[i])
+    gap = (base[j] - base[i]) % np.maximum(stride[i], 1)
+    interleaved = (stride[i] == stride[j]) & (gap >= span[i]) & (gap + span[j] <= stride[i])
+    bad = ~(apart | interleaved) & (count[i] > 0) & (count[j] > 0)
+    if not bad.any():
+        return None
+    k = int(np.argmax(bad))
+    return int(i[k]), int(j[k])
+
+
+@dataclasses.dataclass(frozen=True)
+class KVLayout:
+    """Every group of a KV cache and the CPU pool beside it. No two tensors share a byte."""
+
+    groups: tuple[GroupLayout, ...]
+    blocks_per_chunk: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "groups", tuple(self.groups))
+        _require_int("blocks_per_chunk", self.blocks_per_chunk, 1)
+        owners = [(g, t) for g, group in enumerate(self.groups) for t in range(len(group.tensors))]
+        tensors = [t for group in self.groups for t in group.tensors]
+        for g, group in enumerate(self.groups):
+            for t, tensor in enumerate(group.tensors):
+                if tensor.cpu_stride < self.blocks_per_chunk * tensor.page_bytes:
+                    raise ValueError(
+                        f"group {g} tensor {t}: cpu_stride {tensor.cpu_stride} cannot hold "
+                        f"{self.blocks_per_chunk} pages of {tensor.page_bytes} bytes")
+        if not tensors:
+            return
+        column = lambda f: np.array([getattr(t, f) for t in tensors], dtype=np.int64)
+        blocks = np.array([g.num_gpu_blocks for g in self.groups for _ in g.tensors], np.int64)
+        chunks = np.array([g.num_cpu_chunks for g in self.groups for _ in g.tensors], np.int64)
+        sides = {
+            "GPU": (column("gpu_base"), column("gpu_stride"), column("page_bytes"), blocks),
+            "CPU": (column("cpu_base"), column("cpu_stride"),
+                    column("page_bytes") * self.blocks_per_chunk, chunks),
+        }
+        for side, regions in sides.items():
+            pair = _first_overlap(*regions)
+            if pair is not None:
+                (ga, ta), (gb, tb) = owners[pair[0]], owners[pair[1]]
+                raise ValueError(f"group {ga} tensor {ta} and group {gb} tensor {tb} overlap "
+                                 f"on the {side} side")
+
+    @classmethod
+    def from_tensors(cls, gpu: Sequence[Sequence], cpu: Sequence[Sequence], blocks_per_chunk: int,
+                     page_bytes: Sequence[int] | None = None) -> "KVLayout":
+        """From torch tensors: gpu[g][t] is [num_blocks, ...], cpu[g][t] is [num_chunks, ...].
+
+        A GPU block is one index of dim 0 and must be contiguous; its page is all of it
+        unless ``page_bytes[g]`` says fewer bytes. A CPU chunk's first
+        ``blocks_per_chunk * page`` bytes must be contiguous.
+        """
+        if len(gpu) != len(cpu):
+            raise ValueError(f"cpu: has {len(cpu)} groups but gpu has {len(gpu)}")
+        groups = []
+        for g, (gpu_tensors, cpu_tensors) in enumerate(zip(gpu, cpu)):
+            if len(gpu_tensors) != len(cpu_tensors):
+                raise ValueError(f"cpu[{g}]: has {len(cpu_tensors)} tensors but gpu[{g}] has "
+                                 f"{len(gpu_tensors)}")
+            tensors, blocks, chunks = [], set(), set()
+            for t, (a, b) in enumerate(zip(gpu_tensors, cpu_tensors)):
+                block = _contiguous_tail_bytes(a, f"gpu[{g}][{t}]")
+                page = block if page_bytes is None else page_bytes[g]
+                if page > block:
+                    raise ValueError(f"page_bytes[{g}]: {page} exceeds the {block}-byte GPU block")
+                if _contiguous_tail_bytes(b, f"cpu[{g}][{t}]") < blocks_per_chunk * page:
+                    raise ValueError(f"cpu[{g}][{t}]: a chunk cannot hold {blocks_per_chunk} "
+                                     f"pages of {page} bytes")
+                tensors.append(TensorLayout(
+                    gpu_base=a.data_ptr(), gpu_stride=a.stride(0) * a.element_size(),
+                    page_bytes=page, cpu_base=b.data_ptr(),
+                    cpu_stride=b.stride(0) * b.element_size()))
+                blocks.add(a.shape[0])
+                chunks.add(b.shape[0])
+            if len(blocks) > 1 or len(chunks) > 1:
+                raise ValueError(f"gpu[{g}]/cpu[{g}]: tensors of one group differ in block or "
+                                 "chunk count")
+            groups.append(GroupLayout(tuple(tensors), blocks.pop() if blocks else 0,
+                                      chunks.pop() if chunks else 0))
+        return cls(tuple(groups), blocks_per_chunk)
+
+
+def _contiguous_tail_bytes(tensor, name: str) -> int:
+    """Bytes per index of dim 0, which must be contiguous."""
+    if tensor.dim() < 1:
+        raise ValueError(f"{name}: needs a block dimension")
+    expected = 1
+    for size, stride in zip(reversed(tensor.shape[1:]), reversed(tensor.stride()[1:])):
+        if size != 1 and stride != expected:
+            raise ValueError(f"{name}: each index of dim 0 must be contiguous")
+        expected *= size
+    return expected * tensor.element_size()
+
+
+@dataclasses.dataclass(frozen=True)
+class GPUSpec:
+    """GPU blocks of a transfer: ids concatenated by group, each group's count, and the
+    logical index of each group's first block."""
+
+    block_ids: np.ndarray
+    group_sizes: tuple[int, ...]
+    block_indices: tuple[int, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "block_ids", _int64_vector("block_ids", self.block_ids))
+        sizes = tuple(_require_int(f"group_sizes[{g}]", n, 0) for g, n in enumerate(self.group_sizes))
+        firsts = tuple(_require_int(f"block_indices[{g}]", b, 0)
+                       for g, b in enumerate(self.block_indices))
+        object.__setattr__(self, "group_sizes", sizes)
+        object.__setattr__(self, "block_indices", firsts)
+        if len(firsts) != len(sizes):
+            raise ValueError(f"block_indices: has {len(firsts)} entries but group_sizes has "
+                             f"{len(sizes)}")
+        if sum(sizes) != len(self.block_ids):
+            raise ValueError(f"group_sizes: add up to {sum(sizes)} but block_ids has "
+                             f"{len(self.block_ids)} ids")
+
+
+@dataclasses.dataclass(frozen=True)
+class CPUSpec:
+    """CPU chunks of a transfer, concatenated by group."""
+
+    chunk_ids: np.ndarray
+
+    def __post_init__(self):
+        object.__setattr__(self, "chunk_ids", _int64_vector("chunk_ids", self.chunk_ids))
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferPlan:
+    """Copy i moves sizes[i] bytes between gpu[i] and cpu[i]. Contiguous int64 arrays."""
+
+    gpu: np.ndarray
+    cpu: np.ndarray
+    sizes: np.ndarray
+    total_bytes: int
+    uncoalesced_descriptors: int
+
+    @property
+    def descriptors(self) -> int:
+        return len(self.sizes)
+
+    def store(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(src, dst, sizes) for GPU -> CPU."""
+        return self.gpu, self.cpu, self.sizes
+
+    def load(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(src, dst, sizes) for CPU -> GPU."""
+        return self.cpu, self.gpu, self.sizes
+
+
+def chunks_used(num_blocks: int, first_index: int, blocks_per_chunk: int) -> int:
+    """How many chunks a group of num_blocks blocks starting at first_index touches."""
+    if num_blocks == 0:
+        return 0
+    return -(-(num_blocks + first_index % blocks_per_chunk) // blocks_per_chunk)
+
+
+def _check_ids(name: str, ids: np.ndarray, offset: int, limit: int, group: int) -> None:
+    bad = (ids < 0) | (ids >= limit)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise ValueError(f"group {group}: {name}[{offset + k}] = {ids[k]} is out of range "
+                         f"[0, {limit})")
+    order = np.argsort(ids, kind="stable")
+    repeated = np.flatnonzero(ids[order][1:] == ids[order][:-1])
+    if repeated.size:
+        k = int(order[repeated[0] + 1])
+        raise ValueError(f"group {group}: {name}[{offset + k}] = {ids[k]} appears twice")
+
+
+def _coalesce(gpu: np.ndarray, cpu: np.ndarray, sizes: np.ndarray):
+    """Merges each copy that continues the previous one on both sides."""
+    if len(sizes) < 2:
+        return gpu, cpu, sizes
+    continues = (gpu[1:] == gpu[:-1] + sizes[:-1]) & (cpu[1:] == cpu[:-1] + sizes[:-1])
+    starts = np.flatnonzero(np.concatenate(([True], ~continues)))
+    return gpu[starts], cpu[starts], np.add.reduceat(sizes, starts)
+
+
+def plan_transfer(layout: KVLayout, gpu: GPUSpec, cpu: CPUSpec, coalesce: bool = True) -> TransferPlan:
+    """The copy descriptors of a transfer, validated: ids in range and used once per group.
+
+    Raises ValueError naming the group and the index at fault.
+    """
+    groups = len(layout.groups)
+    if len(gpu.group_sizes) != groups:
+        raise ValueError(f"group_sizes: has {len(gpu.group_sizes)} groups but the layout has "
+                         f"{groups}")
+    bpc = layout.blocks_per_chunk
+    used = [chunks_used(n, b, bpc) for n, b in zip(gpu.group_sizes, gpu.block_indices)]
+    if sum(used) != len(cpu.chunk_ids):
+        raise ValueError(f"chunk_ids: has {len(cpu.chunk_ids)} ids but the groups use "
+                         f"{sum(used)} chunks ({', '.join(map(str, used))})")
+
+    gpu_parts, cpu_parts, size_parts = [], [], []
+    block_at, chunk_at = 0, 0
+    for g, group in enumerate(layout.groups):
+        n = gpu.group_sizes[g]
+        ids = gpu.block_ids[block_at : block_at + n]
+        chunks = cpu.chunk_ids[chunk_at : chunk_at + used[g]]
+        _check_ids("block_ids", ids, block_at, group.num_gpu_blocks, g)
+        _check_ids("chunk_ids", chunks, chunk_at, group.num_cpu_chunks, g)
+        block_at += n
+        chunk_at += used[g]
+        if n == 0 or not group.tensors:
+            continue
+        position = gpu.block_indices[g] % bpc + np.arange(n, dtype=np.int64)
+        page = group.column("page_bytes")
+        gpu_parts.append((group.column("gpu_base") + ids * group.column("gpu_stride")).ravel())
+        cpu_parts.append((group.column("cpu_base") + chunks[position // bpc] * group.column("cpu_stride")
+                          + (position % bpc) * page).ravel())
+        size_parts.append(np.broadcast_to(page, (len(page), n)).ravel())
+
+    empty = np.zeros(0, dtype=np.int64)
+    gpu_addr = np.concatenate(gpu_parts) if gpu_parts else empty
+    cpu_addr = np.concatenate(cpu_parts) if cpu_parts else empty
+    sizes = np.concatenate(size_parts) if size_parts else empty
+    uncoalesced = len(sizes)
+    if coalesce:
+        gpu_addr, cpu_addr, sizes = _coalesce(gpu_addr, cpu_addr, sizes)
+    return TransferPlan(np.ascontiguousarray(gpu_addr), np.ascontiguousarray(cpu_addr),
+                        np.ascontiguousarray(sizes), int(sizes.sum()), uncoalesced)

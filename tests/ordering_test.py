@@ -1,0 +1,79 @@
+"""kvoffload.ordering: the source access order for every combination of inputs."""
+
+import itertools
+
+import pytest
+
+from kvoffload import SrcAccessOrder
+from kvoffload.ordering import (MemoryKind, PendingWrites, UnsafeCopyError, decide,
+                                format_policy_table, policy_table, safe_order)
+
+K, P = MemoryKind, PendingWrites
+STREAM, ANY, DURING = SrcAccessOrder.STREAM, SrcAccessOrder.ANY, SrcAccessOrder.DURING_API_CALL
+REFUSED = None
+
+# Source kind -> {(pending writes, ephemeral): order}, for a device or managed destination.
+TO_DEVICE = {
+    K.DEVICE: {(P.NO, False): ANY, (P.YES, False): STREAM, (P.UNKNOWN, False): STREAM,
+               (P.NO, True): STREAM, (P.YES, True): STREAM, (P.UNKNOWN, True): STREAM},
+    K.MANAGED: {(P.NO, False): ANY, (P.YES, False): STREAM, (P.UNKNOWN, False): STREAM,
+                (P.NO, True): STREAM, (P.YES, True): STREAM, (P.UNKNOWN, True): STREAM},
+    K.PINNED_HOST: {(P.NO, False): ANY, (P.YES, False): STREAM, (P.UNKNOWN, False): STREAM,
+                    (P.NO, True): DURING, (P.YES, True): REFUSED, (P.UNKNOWN, True): REFUSED},
+    K.PAGEABLE_HOST: {(P.NO, False): ANY, (P.YES, False): STREAM, (P.UNKNOWN, False): STREAM,
+                      (P.NO, True): DURING, (P.YES, True): REFUSED, (P.UNKNOWN, True): REFUSED},
+}
+# Host to host: the copy runs on the CPU inside the call.
+HOST_TO_HOST = {P.NO: DURING, P.YES: REFUSED, P.UNKNOWN: REFUSED}
+HOST_KINDS = (K.PINNED_HOST, K.PAGEABLE_HOST)
+
+
+def expected(src, dst, pending, ephemeral):
+    if src in HOST_KINDS and dst in HOST_KINDS:
+        return HOST_TO_HOST[pending]
+    return TO_DEVICE[src][(pending, ephemeral)]
+
+
+ALL = list(itertools.product(MemoryKind, MemoryKind, PendingWrites, (False, True)))
+
+
+@pytest.mark.parametrize("src,dst,pending,ephemeral", ALL,
+                         ids=[f"{s.name}-{d.name}-{p.name}-{'eph' if e else 'live'}" for s, d, p, e in ALL])
+def test_every_combination(src, dst, pending, ephemeral):
+    decision = decide(src, dst, pending, ephemeral)
+    assert decision.order == expected(src, dst, pending, ephemeral)
+    assert len(decision.reason) > 20
+    if decision.order is None:
+        with pytest.raises(UnsafeCopyError, match="synchronize its writers first"):
+            safe_order(src, dst, pending, ephemeral)
+    else:
+        assert safe_order(src, dst, pending, ephemeral) == decision.order
+
+
+def test_any_only_when_the_source_is_quiescent():
+    for src, dst, pending, ephemeral, decision in policy_table():
+        if decision.order in (ANY, DURING):
+            assert pending is P.NO
+
+
+def test_a_load_after_a_store_in_flight_reads_in_stream_order():
+    decision = decide(K.PINNED_HOST, K.DEVICE, P.YES)
+    assert decision.order == STREAM and "waiting on an event does not make ANY safe" in decision.reason
+
+
+def test_a_load_from_a_quiescent_pinned_pool_may_read_at_any_time():
+    assert decide(K.PINNED_HOST, K.DEVICE, P.NO).order == ANY
+
+
+def test_a_store_from_the_device_is_stream_ordered_unless_asserted_quiescent():
+    assert decide(K.DEVICE, K.PINNED_HOST, P.UNKNOWN).order == STREAM
+    asserted = decide(K.DEVICE, K.PINNED_HOST, P.NO)
+    assert asserted.order == ANY and "asserts" in asserted.reason
+
+
+def test_the_printed_table_has_a_row_per_combination():
+    table = format_policy_table()
+    print(table)
+    rows = table.splitlines()[2:]
+    assert len(rows) == len(ALL) == 4 * 4 * 3 * 2
+    assert sum("refused" in r for r in rows) == sum(expected(*c) is None for c in ALL)

@@ -1,0 +1,310 @@
+"""kvoffload.planner: multi-group transfers into copy descriptors, checked byte for byte
+through the host copy path, against the per-block reference, and on bad input."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import kvoffload as kv
+from kvoffload.planner import (CPUSpec, GPUSpec, GroupLayout, KVLayout, TensorLayout,
+                               chunks_used, plan_transfer)
+from kvoffload.planner_reference import plan_per_block
+
+POISON = 0xA5
+
+
+# ---- a KV cache of CPU tensors standing in for the GPU, and its CPU pool ----
+
+class Cache:
+    """gpu[g][t]: [num_blocks, page] random bytes; cpu[g][t]: [num_chunks, bpc * page], poisoned."""
+
+    def __init__(self, rng, pages, tensors, num_blocks, num_chunks, bpc):
+        self.bpc, self.pages = bpc, pages
+        self.gpu = [[torch.from_numpy(rng.integers(0, 256, (num_blocks, p), dtype=np.uint8))
+                     for _ in range(n)] for p, n in zip(pages, tensors)]
+        self.cpu = [[torch.full((num_chunks, bpc * p), POISON, dtype=torch.uint8)
+                     for _ in range(n)] for p, n in zip(pages, tensors)]
+        self.layout = KVLayout.from_tensors(self.gpu, self.cpu, bpc)
+
+    def snapshot(self):
+        return [[t.clone() for t in g] for g in self.gpu], [[t.clone() for t in g] for g in self.cpu]
+
+    def expected_store(self, block_ids, group_sizes, block_indices, chunk_ids):
+        """The CPU pool after a store, computed block by block from indices."""
+        cpu = [[t.clone() for t in g] for g in self.cpu]
+        for g, ((ids, chunks), first) in enumerate(zip(split(block_ids, group_sizes, chunk_ids, block_indices, self.bpc), block_indices)):
+            skip = first % self.bpc
+            p = self.pages[g]
+            for t in range(len(cpu[g])):
+                for i, b in enumerate(ids):
+                    c, sub = chunks[(skip + i) // self.bpc], (skip + i) % self.bpc
+                    cpu[g][t][c, sub * p : (sub + 1) * p] = self.gpu[g][t][b]
+        return cpu
+
+    def expected_load(self, block_ids, group_sizes, block_indices, chunk_ids):
+        gpu = [[t.clone() for t in g] for g in self.gpu]
+        for g, ((ids, chunks), first) in enumerate(zip(split(block_ids, group_sizes, chunk_ids, block_indices, self.bpc), block_indices)):
+            skip = first % self.bpc
+            p = self.pages[g]
+            for t in range(len(gpu[g])):
+                for i, b in enumerate(ids):
+                    c, sub = chunks[(skip + i) // self.bpc], (skip + i) % self.bpc
+                    gpu[g][t][b] = self.cpu[g][t][c, sub * p : (sub + 1) * p]
+        return gpu
+
+
+def split(block_ids, group_sizes, chunk_ids, block_indices, bpc):
+    out, b, c = [], 0, 0
+    for n, first in zip(group_sizes, block_indices):
+        used = chunks_used(n, first, bpc)
+        out.append((list(block_ids[b : b + n]), list(chunk_ids[c : c + used])))
+        b, c = b + n, c + used
+    return out
+
+
+def assert_tensors_equal(got, want):
+    for g, (gs, ws) in enumerate(zip(got, want)):
+        for t, (a, b) in enumerate(zip(gs, ws)):
+            assert torch.equal(a, b), f"group {g} tensor {t} differs"
+
+
+def run(cache, direction, block_ids, group_sizes, block_indices, chunk_ids):
+    plan = plan_transfer(cache.layout, GPUSpec(block_ids, group_sizes, block_indices),
+                         CPUSpec(chunk_ids))
+    want = (cache.expected_store if direction == "store" else cache.expected_load)(
+        block_ids, group_sizes, block_indices, chunk_ids)
+    gpu_before, cpu_before = cache.snapshot()
+    result = kv.host_copy(*(plan.store() if direction == "store" else plan.load()))
+    assert result.bytes == plan.total_bytes
+    if direction == "store":
+        assert_tensors_equal(cache.cpu, want)
+        assert_tensors_equal(cache.gpu, gpu_before)  # the source is unchanged
+    else:
+        assert_tensors_equal(cache.gpu, want)
+        assert_tensors_equal(cache.cpu, cpu_before)
+    return plan
+
+
+# ---- vLLM's offload worker cases ----
+
+@pytest.mark.parametrize("page", [512, 1024])
+@pytest.mark.parametrize("bpc", [1, 3])
+def test_store_then_load_skipping_the_first_blocks_of_a_chunk(page, bpc):
+    rng = np.random.default_rng(page + bpc)
+    cache = Cache(rng, [page], [4], num_blocks=16, num_chunks=12, bpc=bpc)
+    stored = rng.permutation(16)[:7]
+    chunks = rng.permutation(12)[: chunks_used(7, 0, bpc)]
+    plan = run(cache, "store", stored, [7], [0], chunks)
+    assert plan.total_bytes == 7 * 4 * page
+    # Load back blocks 1.. of the stored run: the first sub-block of the first chunk is skipped.
+    for first in range(1, 3):
+        n = 7 - first
+        targets = rng.permutation(16)[:n]
+        used = chunks_used(n, first, bpc)
+        load_chunks = chunks[first // bpc : first // bpc + used]
+        plan = run(cache, "load", targets, [n], [first], load_chunks)
+        assert plan.total_bytes == n * 4 * page
+
+
+def test_three_groups_aligned_empty_and_unaligned_at_both_ends():
+    rng = np.random.default_rng(7)
+    bpc = 4
+    cache = Cache(rng, pages=[256, 512, 768], tensors=[2, 2, 2], num_blocks=20, num_chunks=10, bpc=bpc)
+    # group 0: 8 blocks from index 0 (2 whole chunks); group 1: nothing;
+    # group 2: 6 blocks from index 3 (starts at sub-block 3, ends at sub-block 0: 3 chunks).
+    sizes, firsts = [8, 0, 6], [0, 5, 3]
+    block_ids = np.concatenate([rng.permutation(20)[:8], rng.permutation(20)[:6]])
+    chunk_ids = np.concatenate([rng.permutation(10)[:2], rng.permutation(10)[:3]])
+    plan = run(cache, "store", block_ids, sizes, firsts, chunk_ids)
+    assert plan.total_bytes == 8 * 2 * 256 + 6 * 2 * 768
+    assert [chunks_used(n, b, bpc) for n, b in zip(sizes, firsts)] == [2, 0, 3]
+    load_ids = np.concatenate([rng.permutation(20)[:8], rng.permutation(20)[:6]])
+    run(cache, "load", load_ids, sizes, firsts, chunk_ids)
+
+
+def test_consecutive_blocks_coalesce_into_whole_chunks():
+    rng = np.random.default_rng(3)
+    cache = Cache(rng, [256], [3], num_blocks=32, num_chunks=8, bpc=4)
+    plan = run(cache, "store", np.arange(8, 16), [8], [0], np.array([2, 3]))
+    # Each tensor: GPU blocks 8..15 are contiguous and so are chunks 2..3.
+    assert (plan.uncoalesced_descriptors, plan.descriptors) == (24, 3)
+    plan = run(cache, "store", np.arange(8, 16), [8], [0], np.array([5, 1]))
+    assert plan.descriptors == 6  # one run per chunk and tensor
+
+
+def test_padded_gpu_blocks_do_not_coalesce_on_the_gpu_side():
+    gpu = [[torch.zeros((8, 2, 128), dtype=torch.uint8)]]
+    cpu = [[torch.zeros((4, 2 * 128), dtype=torch.uint8)]]
+    layout = KVLayout.from_tensors(gpu, cpu, blocks_per_chunk=2, page_bytes=[128])
+    plan = plan_transfer(layout, GPUSpec(np.arange(4), [4], [0]), CPUSpec([0, 1]))
+    assert plan.descriptors == 4 and set(plan.sizes) == {128}
+
+
+# ---- property tests against the per-block reference ----
+
+@st.composite
+def transfers(draw):
+    """A random multi-group layout (addresses only) and a transfer over it."""
+    bpc = draw(st.integers(1, 4))
+    groups, block_ids, sizes, firsts, chunk_ids = [], [], [], [], []
+    gpu_at, cpu_at = 1 << 20, 1 << 30
+    for _ in range(draw(st.integers(1, 3))):
+        page = draw(st.sampled_from([8, 16, 40, 64]))
+        gpu_stride = page + draw(st.sampled_from([0, 0, 8]))
+        tensors, blocks, chunks = draw(st.integers(1, 3)), draw(st.integers(1, 12)), draw(st.integers(1, 6))
+        chunk_major = draw(st.booleans())
+        layout = []
+        for t in range(tensors):
+            if chunk_major:
+                cpu_base, cpu_stride = cpu_at + t * bpc * page, tensors * bpc * page
+            else:
+                cpu_stride = bpc * page + draw(st.sampled_from([0, 8]))
+                cpu_base = cpu_at
+                cpu_at += chunks * cpu_stride + draw(st.sampled_from([0, 16]))
+            layout.append(TensorLayout(gpu_at, gpu_stride, page, cpu_base, cpu_stride))
+            gpu_at += blocks * gpu_stride + draw(st.sampled_from([0, 16]))
+        if chunk_major:
+            cpu_at += chunks * tensors * bpc * page
+        groups.append(GroupLayout(tuple(layout), blocks, chunks))
+        first = draw(st.integers(0, 10))
+        n = draw(st.integers(0, min(blocks, chunks * bpc - first % bpc)))
+        block_ids += draw(st.permutations(range(blocks)))[:n]
+        chunk_ids += draw(st.permutations(range(chunks)))[: chunks_used(n, first, bpc)]
+        sizes.append(n)
+        firsts.append(first)
+    return KVLayout(tuple(groups), bpc), GPUSpec(block_ids, sizes, firsts), CPUSpec(chunk_ids)
+
+
+def canonical(gpu, cpu, sizes):
+    """The byte mapping as maximal runs, so that equal mappings compare equal."""
+    order = np.argsort(gpu, kind="stable")
+    runs = []
+    for g, c, n in zip(gpu[order], cpu[order], sizes[order]):
+        if runs and runs[-1][0] + runs[-1][2] == g and runs[-1][1] + runs[-1][2] == c:
+            runs[-1][2] += n
+        else:
+            runs.append([int(g), int(c), int(n)])
+    return runs
+
+
+@settings(max_examples=300, deadline=None)
+@given(transfers())
+def test_matches_the_per_block_reference(transfer):
+    layout, gpu, cpu = transfer
+    plain = plan_transfer(layout, gpu, cpu, coalesce=False)
+    reference = plan_per_block(layout, gpu, cpu)
+    assert list(zip(plain.gpu.tolist(), plain.cpu.tolist(), plain.sizes.tolist())) == reference
+    merged = plan_transfer(layout, gpu, cpu)
+    assert merged.total_bytes == plain.total_bytes == sum(n for _, _, n in reference)
+    assert merged.uncoalesced_descriptors == len(reference) >= merged.descriptors
+    assert canonical(merged.gpu, merged.cpu, merged.sizes) == canonical(plain.gpu, plain.cpu, plain.sizes)
+    for array in (merged.gpu, merged.cpu, merged.sizes):
+        assert array.dtype == np.int64 and array.flags.c_contiguous
+
+
+@settings(max_examples=60, deadline=None)
+@given(transfers(), st.sampled_from(["store", "load"]))
+def test_coalesced_and_uncoalesced_plans_write_the_same_bytes(transfer, direction):
+    layout, gpu, cpu = transfer
+    plain = plan_transfer(layout, gpu, cpu, coalesce=False)
+    merged = plan_transfer(layout, gpu, cpu)
+    # Back the layout's address ranges with real memory: GPU side at 1 MiB, CPU side at 1 GiB.
+    rng = np.random.default_rng(0)
+    images = []
+    for plan in (plain, merged):
+        gpu_mem = rng.integers(0, 256, 1 << 16, dtype=np.uint8) if not images else images[0][2].copy()
+        cpu_mem = rng.integers(0, 256, 1 << 16, dtype=np.uint8) if not images else images[0][3].copy()
+        start = (gpu_mem.copy(), cpu_mem.copy())
+        shift_g, shift_c = gpu_mem.ctypes.data - (1 << 20), cpu_mem.ctypes.data - (1 << 30)
+        src, dst = (plan.gpu + shift_g, plan.cpu + shift_c)
+        if direction == "load":
+            src, dst = dst, src
+        if plan.descriptors:
+            kv.host_copy(src, dst, plan.sizes)
+        images.append((gpu_mem, cpu_mem, *start))
+    np.testing.assert_array_equal(images[0][0], images[1][0])
+    np.testing.assert_array_equal(images[0][1], images[1][1])
+
+
+# ---- bad input ----
+
+def small_layout(bpc=2):
+    return KVLayout((GroupLayout((TensorLayout(1 << 20, 64, 64, 1 << 30, 128),), 10, 5),
+                     GroupLayout((TensorLayout(2 << 20, 32, 32, 2 << 30, 64),), 8, 4)), bpc)
+
+
+BAD_PLANS = {
+    "block id too large": (([1, 2, 10, 0], [3, 1], [0, 0]), [0, 1, 0], r"group 0: block_ids\[2\] = 10 is out of range \[0, 10\)"),
+    "negative block id": (([1, 2, 3, -1], [3, 1], [0, 0]), [0, 1, 0], r"group 1: block_ids\[3\] = -1 is out of range \[0, 8\)"),
+    "chunk id too large": (([1, 2, 3, 0], [3, 1], [0, 0]), [0, 1, 4], r"group 1: chunk_ids\[2\] = 4 is out of range \[0, 4\)"),
+    "negative chunk id": (([1, 2, 3, 0], [3, 1], [0, 0]), [-2, 1, 0], r"group 0: chunk_ids\[0\] = -2 is out of range"),
+    "block twice": (([1, 2, 1, 0], [3, 1], [0, 0]), [0, 1, 0], r"group 0: block_ids\[2\] = 1 appears twice"),
+    "chunk twice": (([1, 2, 3, 0], [3, 1], [0, 0]), [3, 3, 0], r"group 0: chunk_ids\[1\] = 3 appears twice"),
+    "too many chunks": (([1, 2, 3, 0], [3, 1], [0, 0]), [0, 1, 0, 2], r"chunk_ids: has 4 ids but the groups use 3 chunks \(2, 1\)"),
+    "too few chunks": (([1, 2, 3, 0], [3, 1], [0, 0]), [0, 1], r"chunk_ids: has 2 ids but the groups use 3 chunks \(2, 1\)"),
+    "group count": (([1, 2, 3], [3], [0]), [0, 1], r"group_sizes: has 1 groups but the layout has 2"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_PLANS.keys())
+def test_bad_plans_name_the_group_and_index(case):
+    (ids, sizes, firsts), chunks, message = BAD_PLANS[case]
+    with pytest.raises(ValueError, match=message):
+        plan_transfer(small_layout(), GPUSpec(ids, sizes, firsts), CPUSpec(chunks))
+
+
+BAD_SPECS = {
+    "sizes disagree": (lambda: GPUSpec([1, 2, 3], [2, 2], [0, 0]), ValueError, r"group_sizes: add up to 4 but block_ids has 3"),
+    "indices length": (lambda: GPUSpec([1, 2], [1, 1], [0]), ValueError, r"block_indices: has 1 entries but group_sizes has 2"),
+    "negative size": (lambda: GPUSpec([1], [-1, 2], [0, 0]), ValueError, r"group_sizes\[0\]: must be >= 0"),
+    "negative index": (lambda: GPUSpec([1], [1], [-3]), ValueError, r"block_indices\[0\]: must be >= 0"),
+    "float ids": (lambda: GPUSpec([1.0, 2.0], [2], [0]), TypeError, r"block_ids: expected integers"),
+    "2-D chunks": (lambda: CPUSpec([[1, 2]]), ValueError, r"chunk_ids: expected a 1-D array"),
+    "bool size": (lambda: GPUSpec([1], [True], [0]), TypeError, r"group_sizes\[0\]: expected an int"),
+    "page over stride": (lambda: TensorLayout(1, 32, 64, 1, 64), ValueError, r"gpu_stride: must be >= 64"),
+    "null base": (lambda: TensorLayout(0, 64, 64, 1, 64), ValueError, r"gpu_base: must be >= 1"),
+    "chunk too small": (lambda: KVLayout((GroupLayout((TensorLayout(1, 64, 64, 1, 64),), 1, 1),), 2),
+                        ValueError, r"group 0 tensor 0: cpu_stride 64 cannot hold 2 pages of 64 bytes"),
+    "overlap on gpu": (lambda: KVLayout((GroupLayout((TensorLayout(1000, 64, 64, 1 << 20, 64),
+                                                      TensorLayout(1064, 64, 64, 2 << 20, 64)), 4, 4),), 1),
+                       ValueError, r"group 0 tensor 0 and group 0 tensor 1 overlap on the GPU side"),
+    "overlap on cpu": (lambda: KVLayout((GroupLayout((TensorLayout(1 << 20, 64, 64, 5000, 128),), 4, 4),
+                                         GroupLayout((TensorLayout(2 << 20, 64, 64, 5100, 128),), 4, 4)), 1),
+                       ValueError, r"group 0 tensor 0 and group 1 tensor 0 overlap on the CPU side"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SPECS.keys())
+def test_bad_specs_and_layouts(case):
+    make, error, message = BAD_SPECS[case]
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_interleaved_tensors_are_not_an_overlap():
+    # K and V of a block side by side ([num_blocks, 2, page]): interleaved, never sharing a byte.
+    KVLayout((GroupLayout((TensorLayout(1000, 128, 64, 1 << 20, 64),
+                           TensorLayout(1064, 128, 64, 2 << 20, 64)), 4, 4),), 1)
+
+
+def test_from_tensors_rejects_mismatched_groups():
+    gpu = [[torch.zeros((8, 64), dtype=torch.uint8), torch.zeros((6, 64), dtype=torch.uint8)]]
+    cpu = [[torch.zeros((4, 64), dtype=torch.uint8), torch.zeros((4, 64), dtype=torch.uint8)]]
+    with pytest.raises(ValueError, match=r"gpu\[0\]/cpu\[0\]: tensors of one group differ"):
+        KVLayout.from_tensors(gpu, cpu, 1)
+    with pytest.raises(ValueError, match=r"gpu\[0\]\[0\]: each index of dim 0 must be contiguous"):
+        KVLayout.from_tensors([[torch.zeros((8, 64, 2))[:, :, 0]]], [[torch.zeros((4, 512))]], 1)
+    with pytest.raises(ValueError, match=r"cpu\[0\]\[0\]: a chunk cannot hold 2 pages of 256 bytes"):
+        KVLayout.from_tensors([[torch.zeros((8, 64))]], [[torch.zeros((4, 64))]], 2)
+    with pytest.raises(ValueError, match=r"cpu: has 0 groups but gpu has 1"):
+        KVLayout.from_tensors([[torch.zeros((8, 64))]], [], 2)
+
+
+def test_a_failed_plan_copies_nothing_because_nothing_is_returned():
+    rng = np.random.default_rng(5)
+    cache = Cache(rng, [128], [2], num_blocks=8, num_chunks=4, bpc=2)
+    _, cpu_before = cache.snapshot()
+    with pytest.raises(ValueError):
+        plan_transfer(cache.layout, GPUSpec([0, 1, 8], [3], [0]), CPUSpec([0, 1]))
+    assert_tensors_equal(cache.cpu, cpu_before)
