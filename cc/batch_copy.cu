@@ -4,11 +4,11 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
 
+#include "cc/cuda_check.h"
 #include "cc/cuda_error.h"
 
 namespace kvoffload {
@@ -16,13 +16,6 @@ namespace {
 
 static_assert(sizeof(CUdeviceptr) == sizeof(int64_t) && sizeof(size_t) == sizeof(int64_t),
               "copy arrays are passed to the driver in place");
-
-void Check(cudaError_t status, const char* call, int64_t copy_index = -1) {
-  if (status != cudaSuccess) {
-    throw CudaError(call, cudaGetErrorName(status), status, copy_index,
-                    cudaGetErrorString(status));
-  }
-}
 
 // The driver functions kvoffload calls; resolved at run time, never linked.
 struct DriverApi {
@@ -41,7 +34,7 @@ void* ResolveDriverSymbol(const char* symbol, unsigned int version) {
     cudaGetLastError();  // an absent symbol is an answer, not a pending error
     return nullptr;
   }
-  Check(status, "cudaGetDriverEntryPointByVersion");
+  CheckCuda(status, "cudaGetDriverEntryPointByVersion");
   return fn;
 }
 
@@ -73,30 +66,15 @@ std::string DriverErrorName(CUresult status) {
   return "CUresult";
 }
 
-void RequireCudaDevice() {
-  static std::atomic<bool> found{false};
-  if (found.load(std::memory_order_relaxed)) return;
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status == cudaErrorNoDevice || status == cudaErrorInsufficientDriver ||
-      (status == cudaSuccess && count == 0)) {
-    const cudaError_t reported = status == cudaSuccess ? cudaErrorNoDevice : status;
-    throw NoCudaDeviceError("cudaGetDeviceCount", cudaGetErrorName(reported), reported, -1,
-                            "no CUDA device: this machine has no usable GPU or driver");
-  }
-  Check(status, "cudaGetDeviceCount");
-  found.store(true, std::memory_order_relaxed);
-}
-
 // Makes the stream's device current, with its primary context, which the driver's
 // batch call needs on this thread; restores the caller's device afterwards.
 class StreamDeviceGuard {
  public:
   explicit StreamDeviceGuard(cudaStream_t stream) {
-    Check(cudaGetDevice(&previous_), "cudaGetDevice");
+    CheckCuda(cudaGetDevice(&previous_), "cudaGetDevice");
     int device = previous_;
-    Check(cudaStreamGetDevice(stream, &device), "cudaStreamGetDevice");
-    Check(cudaSetDevice(device), "cudaSetDevice");
+    CheckCuda(cudaStreamGetDevice(stream, &device), "cudaStreamGetDevice");
+    CheckCuda(cudaSetDevice(device), "cudaSetDevice");
     restore_ = device != previous_;
   }
   ~StreamDeviceGuard() {
@@ -150,14 +128,14 @@ CUresult CallBatch(const CopyBatch& batch, int64_t begin, int64_t count,
 int64_t PerCopy(const CopyBatch& batch, int64_t begin, cudaStream_t stream) {
   bool during_api_call = false;
   for (int64_t i = begin; i < batch.count; ++i) {
-    Check(cudaMemcpyAsync(reinterpret_cast<void*>(batch.dst[i]),
+    CheckCuda(cudaMemcpyAsync(reinterpret_cast<void*>(batch.dst[i]),
                           reinterpret_cast<const void*>(batch.src[i]), batch.size[i],
                           cudaMemcpyDefault, stream),
           "cudaMemcpyAsync", i);
     during_api_call |= OrderOf(batch, i) == SrcAccessOrder::kDuringApiCall;
   }
   // cudaMemcpyAsync may read later; honour "sources read before return".
-  if (during_api_call) Check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  if (during_api_call) CheckCuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   return batch.count - begin;
 }
 

@@ -14,6 +14,7 @@
 #include "cc/copy_path.h"
 #include "cc/cuda_error.h"
 #include "cc/host_copy.h"
+#include "cc/host_memory.h"
 
 namespace nb = nanobind;
 
@@ -381,5 +382,14 @@ NB_MODULE(_C, m) {
       },
       nb::arg("stream").none(), nb::arg("batch_entry_point"), nb::arg("per_copy") = false);
   m.def("batch_entry_point_version", &BatchEntryPointVersion);
+  m.def(
+      "host_register",
+      [](int64_t address, int64_t bytes) {
+        nb::gil_scoped_release release;
+        HostRegister(address, bytes);
+      },
+      nb::arg("address"), nb::arg("bytes"));
+  m.def("host_unregister", &HostUnregister, nb::arg("address"));
+  m.def("is_pinned_host", &IsPinnedHost, nb::arg("address"));
   m.attr("HOST_THREADING_BYTES") = kHostThreadingBytes;
 }

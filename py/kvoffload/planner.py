@@ -145,11 +145,11 @@ class KVLayout:
                                  f"{len(gpu_tensors)}")
             tensors, blocks, chunks = [], set(), set()
             for t, (a, b) in enumerate(zip(gpu_tensors, cpu_tensors)):
-                block = _contiguous_tail_bytes(a, f"gpu[{g}][{t}]")
+                block = block_bytes(a, f"gpu[{g}][{t}]")
                 page = block if page_bytes is None else page_bytes[g]
                 if page > block:
                     raise ValueError(f"page_bytes[{g}]: {page} exceeds the {block}-byte GPU block")
-                if _contiguous_tail_bytes(b, f"cpu[{g}][{t}]") < blocks_per_chunk * page:
+                if block_bytes(b, f"cpu[{g}][{t}]") < blocks_per_chunk * page:
                     raise ValueError(f"cpu[{g}][{t}]: a chunk cannot hold {blocks_per_chunk} "
                                      f"pages of {page} bytes")
                 tensors.append(TensorLayout(
@@ -166,7 +166,7 @@ class KVLayout:
         return cls(tuple(groups), blocks_per_chunk)
 
 
-def _contiguous_tail_bytes(tensor, name: str) -> int:
+def block_bytes(tensor, name: str) -> int:
     """Bytes per index of dim 0, which must be contiguous."""
     if tensor.dim() < 1:
         raise ValueError(f"{name}: needs a block dimension")

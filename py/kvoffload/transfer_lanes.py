@@ -1,0 +1,90 @@
+"""Where transfer jobs run: CUDA streams on a GPU, or host threads without one.
+
+A lane runs its jobs in submission order; a job can also wait for jobs of other lanes.
+Both kinds measure each job's time from its first to its last byte moved.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+from kvoffload.batch_copy import batch_copy, host_copy
+
+
+class CudaLanes:
+    """One CUDA stream per lane; a job starts after the compute stream's work so far."""
+
+    def __init__(self, torch, device, lanes: list[str]):
+        self._torch = torch
+        self._device = device
+        self._streams = {lane: torch.cuda.Stream(device, priority=-1 if lane == "expedited" else 0)
+                         for lane in lanes}
+        self._events = []  # (start, end) pairs to reuse
+
+    def submit(self, lane, src, dst, sizes, order, waits):
+        stream = self._streams[lane]
+        stream.wait_stream(self._torch.cuda.current_stream(self._device))
+        for other in waits:
+            stream.wait_event(other[1])
+        events = self._events.pop() if self._events else tuple(
+            self._torch.cuda.Event(enable_timing=True) for _ in range(2))
+        events[0].record(stream)
+        try:
+            batch_copy(src, dst, sizes, stream=stream, order=order)
+        except Exception:
+            self._events.append(events)
+            raise
+        events[1].record(stream)
+        return events
+
+    def done(self, handle) -> bool:
+        return handle[1].query()
+
+    def wait(self, handle) -> None:
+        handle[1].synchronize()
+
+    def finish(self, handle) -> tuple[float, str | None]:
+        """(seconds, error) of a done job; its handle may be reused afterwards."""
+        seconds = handle[0].elapsed_time(handle[1]) / 1e3
+        self._events.append(handle)
+        return seconds, None
+
+    def close(self) -> None:
+        for stream in self._streams.values():
+            stream.synchronize()
+
+
+class HostLanes:
+    """One worker thread per lane, copying host memory with memcpy."""
+
+    def __init__(self, lanes: list[str]):
+        self._workers = {lane: concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=lane)
+                         for lane in lanes}
+
+    def submit(self, lane, src, dst, sizes, order, waits):
+        del order  # a host copy reads its source when it runs
+        return self._workers[lane].submit(self._run, src, dst, sizes, list(waits))
+
+    @staticmethod
+    def _run(src, dst, sizes, waits):
+        for other in waits:
+            if other.exception() is not None:
+                raise RuntimeError(f"depends on failed job: {other.exception()}")
+        start = time.perf_counter()
+        host_copy(src, dst, sizes)
+        return time.perf_counter() - start
+
+    def done(self, handle) -> bool:
+        return handle.done()
+
+    def wait(self, handle) -> None:
+        concurrent.futures.wait([handle])
+
+    def finish(self, handle) -> tuple[float, str | None]:
+        error = handle.exception()
+        return (0.0, f"{type(error).__name__}: {error}") if error else (handle.result(), None)
+
+    def close(self) -> None:
+        for worker in self._workers.values():
+            worker.shutdown(wait=True)

@@ -1,0 +1,223 @@
+"""kvoffload.handler on a machine without a GPU: jobs on host threads, the same API
+and the same ordering rules as on a GPU."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import kvoffload.transfer_lanes
+from kvoffload.handler import Direction, OffloadHandler
+from kvoffload.host_pool import cpu_tensor_layouts, pool_bytes
+from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
+from kv_model import POISON, KVModel, gpu_pages, pool_views
+
+
+def make_handler(rng, pages, tensors, num_blocks, num_chunks, bpc, cpu_layout, padding=0, **kwargs):
+    gpu = [[torch.from_numpy(rng.integers(0, 256, (num_blocks, p + padding), dtype=np.uint8))
+            for _ in range(n)] for p, n in zip(pages, tensors)]
+    handler = OffloadHandler(gpu, num_chunks, bpc, page_bytes=pages if padding else None,
+                             cpu_layout=cpu_layout, **kwargs)
+    handler.pool.tensor.fill_(POISON)
+    model = KVModel([[gpu_pages(t, p) for t in group] for p, group in zip(pages, gpu)],
+                    [num_chunks] * len(pages), bpc)
+    return handler, model
+
+
+def check(handler, model):
+    views = pool_views(handler, handler.pool.tensor.numpy())
+    for g, group in enumerate(handler.gpu_tensors):
+        page = handler.layout.groups[g].tensors[0].page_bytes if group else 0
+        for t, tensor in enumerate(group):
+            np.testing.assert_array_equal(views[g][t], model.cpu[g][t], f"cpu group {g} tensor {t}")
+            np.testing.assert_array_equal(gpu_pages(tensor, page), model.gpu[g][t], f"gpu group {g} tensor {t}")
+
+
+def run_job(handler, model, job_id, direction, block_ids, sizes, firsts, chunk_ids):
+    gpu, cpu = GPUSpec(block_ids, sizes, firsts), CPUSpec(chunk_ids)
+    start = time.perf_counter()
+    assert handler.transfer_async(job_id, *((gpu, cpu) if direction == "store" else (cpu, gpu)))
+    handler.wait([job_id])
+    wall = time.perf_counter() - start
+    (result,) = handler.get_finished()
+    getattr(model, direction)(block_ids, sizes, firsts, chunk_ids)
+    check(handler, model)
+    pages = sum(t.page_bytes for g, group in enumerate(handler.layout.groups)
+                for t in group.tensors for _ in range(sizes[g]))
+    assert (result.job_id, result.success, result.direction, result.bytes) == (
+        job_id, True, Direction(direction), pages)
+    assert 0 < result.seconds < wall
+    return result
+
+
+LAYOUTS = ["chunk_major", "per_tensor"]
+
+
+@pytest.mark.parametrize("cpu_layout", LAYOUTS)
+@pytest.mark.parametrize("page", [512, 1024])
+@pytest.mark.parametrize("bpc", [1, 3])
+def test_store_and_load_skipping_the_first_blocks_of_a_chunk(cpu_layout, page, bpc):
+    rng = np.random.default_rng(page * bpc)
+    handler, model = make_handler(rng, [page], [4], num_blocks=16, num_chunks=12, bpc=bpc,
+                                  cpu_layout=cpu_layout)
+    stored = rng.permutation(16)[:7]
+    chunks = rng.permutation(12)[: chunks_used(7, 0, bpc)]
+    run_job(handler, model, "store", "store", stored, [7], [0], chunks)
+    for first in (1, 2):
+        n = 7 - first
+        load_chunks = chunks[first // bpc : first // bpc + chunks_used(n, first, bpc)]
+        run_job(handler, model, f"load{first}", "load", rng.permutation(16)[:n], [n], [first], load_chunks)
+    handler.shutdown()
+
+
+@pytest.mark.parametrize("cpu_layout", LAYOUTS)
+def test_multi_group_with_an_empty_and_an_unaligned_group(cpu_layout):
+    rng = np.random.default_rng(11)
+    bpc = 4
+    handler, model = make_handler(rng, [256, 768, 512], [2, 2, 3], num_blocks=24, num_chunks=10,
+                                  bpc=bpc, cpu_layout=cpu_layout, padding=64)
+    sizes, firsts = [8, 0, 6], [0, 2, 3]
+    ids = np.concatenate([rng.permutation(24)[:8], rng.permutation(24)[:6]])
+    chunks = np.concatenate([rng.permutation(10)[:2], rng.permutation(10)[:3]])
+    run_job(handler, model, 1, "store", ids, sizes, firsts, chunks)
+    ids = np.concatenate([rng.permutation(24)[:8], rng.permutation(24)[:6]])
+    run_job(handler, model, 2, "load", ids, sizes, firsts, chunks)
+    handler.shutdown()
+
+
+def test_pool_layouts_place_chunks_as_documented():
+    pages, chunks, bpc = [[100, 300], [64]], [5, 3], 2
+    major = cpu_tensor_layouts(pages, chunks, bpc, base=1 << 20, cpu_layout="chunk_major")
+    assert major[0] == [(1 << 20, 800), ((1 << 20) + 200, 800)]
+    assert major[1] == [((1 << 20) + 4096, 128)]
+    per_tensor = cpu_tensor_layouts(pages, chunks, bpc, base=0, cpu_layout="per_tensor")
+    assert per_tensor[0] == [(0, 200), (1000, 600)] and per_tensor[1] == [(4096, 128)]
+    assert pool_bytes(pages, chunks, bpc) == 4096 + 4096
+    with pytest.raises(ValueError, match=r"cpu_layout: expected one of"):
+        cpu_tensor_layouts(pages, chunks, bpc, 0, "blocked")
+
+
+def test_a_load_right_after_a_store_of_the_same_chunks_reads_the_stored_bytes():
+    rng = np.random.default_rng(2)
+    handler, model = make_handler(rng, [64 << 10], [8], num_blocks=64, num_chunks=40, bpc=1,
+                                  cpu_layout="chunk_major")
+    for trial in range(20):
+        chunks = rng.permutation(40)[:32]
+        stored, loaded = rng.permutation(64)[:32], rng.permutation(64)[:32]
+        assert handler.transfer_async(("s", trial), GPUSpec(stored, [32], [0]), CPUSpec(chunks))
+        assert handler.transfer_async(("l", trial), CPUSpec(chunks), GPUSpec(loaded, [32], [0]))
+        model.store(stored, [32], [0], chunks)
+        model.load(loaded, [32], [0], chunks)
+        handler.wait([("s", trial), ("l", trial)])
+        check(handler, model)
+    assert all(r.success for r in handler.get_finished())
+    handler.shutdown()
+
+
+def test_a_soak_of_mixed_jobs_loses_nothing_and_allocates_nothing_new():
+    rng = np.random.default_rng(3)
+    handler, model = make_handler(rng, [256, 128], [2, 3], num_blocks=48, num_chunks=40, bpc=2,
+                                  cpu_layout="chunk_major")
+    submitted, results, allocated = set(), [], []
+    for job in range(3000):
+        sizes = [int(rng.integers(0, 7)), int(rng.integers(0, 7))]
+        firsts = [int(rng.integers(0, 4)), int(rng.integers(0, 4))]
+        ids = np.concatenate([rng.permutation(48)[:n] for n in sizes])
+        chunks = np.concatenate([rng.permutation(40)[: chunks_used(n, b, 2)] for n, b in zip(sizes, firsts)])
+        direction = "store" if rng.random() < 0.5 else "load"
+        gpu, cpu = GPUSpec(ids, sizes, firsts), CPUSpec(chunks)
+        assert handler.transfer_async(job, *((gpu, cpu) if direction == "store" else (cpu, gpu)))
+        getattr(model, direction)(ids, sizes, firsts, chunks)
+        submitted.add(job)
+        results += handler.get_finished()
+        if job >= 32:
+            handler.wait([job - 32])  # at most 32 jobs in flight, as a server's queue bounds it
+        if job % 1000 == 999:
+            allocated.append(handler.descriptor_arrays_allocated)
+    handler.wait(submitted)
+    results += handler.get_finished()
+    check(handler, model)
+    assert sorted(r.job_id for r in results) == sorted(submitted) and all(r.success for r in results)
+    assert allocated[-1] == allocated[0] <= 34  # one array per job in flight, at most
+    handler.shutdown()
+
+
+def small_handler(**kwargs):
+    rng = np.random.default_rng(0)
+    return make_handler(rng, [128], [2], num_blocks=8, num_chunks=4, bpc=2, cpu_layout="chunk_major",
+                        **kwargs)
+
+
+def test_bad_jobs_raise_before_anything_is_submitted():
+    handler, model = small_handler()
+    store = (GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
+    assert handler.transfer_async("a", *store)
+    with pytest.raises(ValueError, match=r"job_id: 'a' is already in use"):
+        handler.transfer_async("a", *store)
+    handler.wait(["a"])
+    with pytest.raises(ValueError, match=r"job_id: 'a' is already in use"):
+        handler.transfer_async("a", *store)  # finished, not yet collected
+    handler.get_finished()
+    model.store([0, 1], [2], [0], [0])
+    before = handler.pool.tensor.clone()
+    cases = [
+        ((GPUSpec([0, 8], [2], [0]), CPUSpec([1])), ValueError, r"group 0: block_ids\[1\] = 8 is out of range"),
+        ((GPUSpec([0, 1], [2], [0]), CPUSpec([1, 2])), ValueError, r"chunk_ids: has 2 ids but the groups use 1"),
+        ((GPUSpec([0, 1], [1, 1], [0, 0]), CPUSpec([1])), ValueError, r"group_sizes: has 2 groups but the layout has 1"),
+        ((GPUSpec([0], [1], [0]), GPUSpec([1], [1], [0])), TypeError, r"src_spec, dst_spec: expected"),
+    ]
+    for args, error, message in cases:
+        with pytest.raises(error, match=message):
+            handler.transfer_async("b", *args)
+    with pytest.raises(ValueError, match=r"expedite: only for loads"):
+        handler.transfer_async("b", CPUSpec([0]), GPUSpec([2, 3], [2], [0]), expedite=True)
+    assert handler.get_finished() == [] and torch.equal(handler.pool.tensor, before)
+    check(handler, model)
+    handler.shutdown()
+    for call in (lambda: handler.transfer_async("c", *store), lambda: handler.wait(["a"])):
+        with pytest.raises(RuntimeError, match=r"the handler is shut down"):
+            call()
+
+
+def test_a_failed_job_is_reported_and_the_handler_keeps_working(monkeypatch):
+    handler, model = small_handler()
+    real = kvoffload.transfer_lanes.host_copy
+
+    def failing_once(src, dst, sizes):
+        if failing_once.armed:
+            failing_once.armed = False
+            time.sleep(0.05)
+            raise OSError("injected copy failure")
+        return real(src, dst, sizes)
+
+    failing_once.armed = True
+    monkeypatch.setattr(kvoffload.transfer_lanes, "host_copy", failing_once)
+    handler.transfer_async("bad", GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
+    # This load reads the chunk the failed store should have written: it fails too.
+    handler.transfer_async("dependent", CPUSpec([0]), GPUSpec([4, 5], [2], [0]))
+    handler.transfer_async("good", GPUSpec([2, 3], [2], [0]), CPUSpec([1]))
+    handler.wait(["bad", "dependent", "good"])
+    results = {r.job_id: r for r in handler.get_finished()}
+    assert not results["bad"].success and "injected copy failure" in results["bad"].error
+    assert not results["dependent"].success and "depends on failed" in results["dependent"].error
+    assert results["good"].success
+    model.store([2, 3], [2], [0], [1])
+    check(handler, model)
+    assert handler.transfer_async("after", CPUSpec([1]), GPUSpec([6, 7], [2], [0]))
+    handler.wait(["after"])
+    model.load([6, 7], [2], [0], [1])
+    check(handler, model)
+    handler.shutdown()
+
+
+def test_host_buffer_too_small_is_rejected():
+    gpu = [[torch.zeros((8, 128), dtype=torch.uint8)]]
+    with pytest.raises(ValueError, match=r"host_buffer: holds 100 bytes, the layout needs 4096"):
+        OffloadHandler(gpu, 4, 2, host_buffer=torch.zeros(100, dtype=torch.uint8))
+
+
+def test_gpu_tensors_on_two_devices_are_rejected():
+    gpu = [[torch.zeros((8, 128), dtype=torch.uint8), torch.zeros((8, 128), dtype=torch.uint8, device="meta")]]
+    with pytest.raises(ValueError, match=r"gpu_tensors: expected one device"):
+        OffloadHandler(gpu, 4, 2)
