@@ -8,47 +8,10 @@ import pytest
 import torch
 
 import kvoffload.transfer_lanes
-from kvoffload.handler import Direction, OffloadHandler
+from kvoffload.handler import OffloadHandler
 from kvoffload.host_pool import cpu_tensor_layouts, pool_bytes
 from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
-from kv_model import POISON, KVModel, gpu_pages, pool_views
-
-
-def make_handler(rng, pages, tensors, num_blocks, num_chunks, bpc, cpu_layout, padding=0, **kwargs):
-    gpu = [[torch.from_numpy(rng.integers(0, 256, (num_blocks, p + padding), dtype=np.uint8))
-            for _ in range(n)] for p, n in zip(pages, tensors)]
-    handler = OffloadHandler(gpu, num_chunks, bpc, page_bytes=pages if padding else None,
-                             cpu_layout=cpu_layout, **kwargs)
-    handler.pool.tensor.fill_(POISON)
-    model = KVModel([[gpu_pages(t, p) for t in group] for p, group in zip(pages, gpu)],
-                    [num_chunks] * len(pages), bpc)
-    return handler, model
-
-
-def check(handler, model):
-    views = pool_views(handler, handler.pool.tensor.numpy())
-    for g, group in enumerate(handler.gpu_tensors):
-        page = handler.layout.groups[g].tensors[0].page_bytes if group else 0
-        for t, tensor in enumerate(group):
-            np.testing.assert_array_equal(views[g][t], model.cpu[g][t], f"cpu group {g} tensor {t}")
-            np.testing.assert_array_equal(gpu_pages(tensor, page), model.gpu[g][t], f"gpu group {g} tensor {t}")
-
-
-def run_job(handler, model, job_id, direction, block_ids, sizes, firsts, chunk_ids):
-    gpu, cpu = GPUSpec(block_ids, sizes, firsts), CPUSpec(chunk_ids)
-    start = time.perf_counter()
-    assert handler.transfer_async(job_id, *((gpu, cpu) if direction == "store" else (cpu, gpu)))
-    handler.wait([job_id])
-    wall = time.perf_counter() - start
-    (result,) = handler.get_finished()
-    getattr(model, direction)(block_ids, sizes, firsts, chunk_ids)
-    check(handler, model)
-    pages = sum(t.page_bytes for g, group in enumerate(handler.layout.groups)
-                for t in group.tensors for _ in range(sizes[g]))
-    assert (result.job_id, result.success, result.direction, result.bytes) == (
-        job_id, True, Direction(direction), pages)
-    assert 0 < result.seconds < wall
-    return result
+from kv_model import check, make_handler, run_job
 
 
 LAYOUTS = ["chunk_major", "per_tensor"]

@@ -3,9 +3,13 @@ handler's GPU tensors and CPU pool actually hold."""
 
 from __future__ import annotations
 
-import numpy as np
+import time
 
-from kvoffload.planner import chunks_used
+import numpy as np
+import torch
+
+from kvoffload.handler import Direction, OffloadHandler
+from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
 
 POISON = 0xA5
 
@@ -56,5 +60,47 @@ def pool_views(handler, pool_bytes_array):
 
 def gpu_pages(tensor, page):
     """A GPU tensor as [blocks, page] bytes on the host."""
-    flat = tensor.reshape(tensor.shape[0], -1).view(__import__("torch").uint8).cpu().numpy()
+    flat = tensor.reshape(tensor.shape[0], -1).view(torch.uint8).cpu().numpy()
     return flat[:, :page]
+
+
+def make_handler(rng, pages, tensors, num_blocks, num_chunks, bpc, cpu_layout, padding=0,
+                 device="cpu", **kwargs):
+    """A handler over random uint8 [num_blocks, page + padding] tensors, its pool poisoned,
+    and the model of what both must hold."""
+    gpu = [[torch.from_numpy(rng.integers(0, 256, (num_blocks, p + padding), dtype=np.uint8)).to(device)
+            for _ in range(n)] for p, n in zip(pages, tensors)]
+    handler = OffloadHandler(gpu, num_chunks, bpc, page_bytes=pages if padding else None,
+                             cpu_layout=cpu_layout, **kwargs)
+    handler.pool.tensor.fill_(POISON)
+    model = KVModel([[gpu_pages(t, p) for t in group] for p, group in zip(pages, gpu)],
+                    [num_chunks] * len(pages), bpc)
+    return handler, model
+
+
+def check(handler, model):
+    """Every GPU block and every CPU sub-block equals the model's."""
+    views = pool_views(handler, handler.pool.tensor.numpy())
+    for g, group in enumerate(handler.gpu_tensors):
+        page = handler.layout.groups[g].tensors[0].page_bytes if group else 0
+        for t, tensor in enumerate(group):
+            np.testing.assert_array_equal(views[g][t], model.cpu[g][t], f"cpu group {g} tensor {t}")
+            np.testing.assert_array_equal(gpu_pages(tensor, page), model.gpu[g][t], f"gpu group {g} tensor {t}")
+
+
+def run_job(handler, model, job_id, direction, block_ids, sizes, firsts, chunk_ids):
+    """Runs one job to completion and checks its result and every byte."""
+    gpu, cpu = GPUSpec(block_ids, sizes, firsts), CPUSpec(chunk_ids)
+    start = time.perf_counter()
+    assert handler.transfer_async(job_id, *((gpu, cpu) if direction == "store" else (cpu, gpu)))
+    handler.wait([job_id])
+    wall = time.perf_counter() - start
+    (result,) = handler.get_finished()
+    getattr(model, direction)(block_ids, sizes, firsts, chunk_ids)
+    check(handler, model)
+    pages = sum(t.page_bytes for g, group in enumerate(handler.layout.groups)
+                for t in group.tensors for _ in range(sizes[g]))
+    assert (result.job_id, result.success, result.direction, result.bytes) == (
+        job_id, True, Direction(direction), pages)
+    assert 0 < result.seconds < wall
+    return result

@@ -1,0 +1,158 @@
+"""kvoffload.handler on a GPU: vLLM's worker cases, the compute-stream and store/load
+races, failures, a soak, and a registered host buffer."""
+
+import numpy as np
+import pytest
+import torch
+
+import kvoffload as kv
+import kvoffload.transfer_lanes
+from kvoffload import _C
+from kvoffload.handler import OffloadHandler
+from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
+from kv_model import check, make_handler, pool_views, run_job
+
+SLEEP_CYCLES = 200_000  # keeps the compute stream busy for ~0.1 ms
+
+
+@pytest.fixture(autouse=True)
+def require_gpu():
+    assert torch.cuda.is_available(), "GPU tests need a CUDA device"
+
+
+@pytest.mark.parametrize("cpu_layout", ["chunk_major", "per_tensor"])
+@pytest.mark.parametrize("page", [512, 1024])
+@pytest.mark.parametrize("bpc", [1, 3])
+def test_store_and_load_skipping_the_first_blocks_of_a_chunk(cpu_layout, page, bpc):
+    rng = np.random.default_rng(page * bpc)
+    handler, model = make_handler(rng, [page], [4], num_blocks=16, num_chunks=12, bpc=bpc,
+                                  cpu_layout=cpu_layout, device="cuda")
+    stored = rng.permutation(16)[:7]
+    chunks = rng.permutation(12)[: chunks_used(7, 0, bpc)]
+    run_job(handler, model, "store", "store", stored, [7], [0], chunks)
+    for first in (1, 2):
+        n = 7 - first
+        load_chunks = chunks[first // bpc : first // bpc + chunks_used(n, first, bpc)]
+        run_job(handler, model, first, "load", rng.permutation(16)[:n], [n], [first], load_chunks)
+    handler.shutdown()
+
+
+def test_multi_group_with_an_empty_and_an_unaligned_group():
+    rng = np.random.default_rng(11)
+    handler, model = make_handler(rng, [256, 768, 512], [2, 2, 3], num_blocks=24, num_chunks=10,
+                                  bpc=4, cpu_layout="chunk_major", padding=64, device="cuda",
+                                  expedited_loads=True)
+    sizes, firsts = [8, 0, 6], [0, 2, 3]
+    ids = np.concatenate([rng.permutation(24)[:8], rng.permutation(24)[:6]])
+    chunks = np.concatenate([rng.permutation(10)[:2], rng.permutation(10)[:3]])
+    run_job(handler, model, 1, "store", ids, sizes, firsts, chunks)
+    ids = np.concatenate([rng.permutation(24)[:8], rng.permutation(24)[:6]])
+    gpu, cpu = GPUSpec(ids, sizes, firsts), CPUSpec(chunks)
+    assert handler.transfer_async(2, cpu, gpu, expedite=True)
+    handler.wait([2])
+    model.load(ids, sizes, firsts, chunks)
+    check(handler, model)
+    handler.shutdown()
+
+
+def test_a_store_sees_what_the_compute_stream_wrote_just_before():
+    handler, _ = make_handler(np.random.default_rng(1), [4096], [2], num_blocks=64, num_chunks=64,
+                              bpc=1, cpu_layout="chunk_major", device="cuda")
+    views = pool_views(handler, handler.pool.tensor.numpy())
+    rng = np.random.default_rng(2)
+    for trial in range(1000):
+        ids = rng.permutation(64)[:4]
+        chunks = rng.permutation(64)[:4]
+        value = trial % 251 + 1
+        torch.cuda._sleep(SLEEP_CYCLES)
+        for t in handler.gpu_tensors[0]:
+            t[torch.from_numpy(ids).cuda()] = value
+        assert handler.transfer_async(trial, GPUSpec(ids, [4], [0]), CPUSpec(chunks))
+        handler.wait([trial])
+        for t in range(2):
+            assert (views[0][t][chunks] == value).all(), f"trial {trial}: the store read stale blocks"
+    assert len(handler.get_finished()) == 1000
+    handler.shutdown()
+
+
+def test_a_load_right_after_a_store_of_the_same_chunks_reads_the_stored_bytes():
+    handler, _ = make_handler(np.random.default_rng(3), [4096], [2], num_blocks=64, num_chunks=64,
+                              bpc=2, cpu_layout="chunk_major", device="cuda")
+    rng = np.random.default_rng(4)
+    for trial in range(1000):
+        stored, loaded = np.split(rng.permutation(64)[:8], 2)
+        chunks = rng.permutation(64)[:2]
+        value = trial % 251 + 1
+        torch.cuda._sleep(SLEEP_CYCLES)
+        for t in handler.gpu_tensors[0]:
+            t[torch.from_numpy(stored).cuda()] = value
+        assert handler.transfer_async(("s", trial), GPUSpec(stored, [4], [0]), CPUSpec(chunks))
+        assert handler.transfer_async(("l", trial), CPUSpec(chunks), GPUSpec(loaded, [4], [0]))
+        handler.wait([("l", trial)])
+        for t in handler.gpu_tensors[0]:
+            got = t[torch.from_numpy(loaded).cuda()]
+            assert (got == value).all(), f"trial {trial}: the load did not see the store"
+    handler.wait([("s", 999)])
+    results = handler.get_finished()
+    assert len(results) == 2000 and all(r.success for r in results)
+    handler.shutdown()
+
+
+def test_a_soak_of_mixed_jobs_loses_nothing():
+    rng = np.random.default_rng(5)
+    handler, model = make_handler(rng, [2048, 1024], [4, 2], num_blocks=96, num_chunks=80, bpc=2,
+                                  cpu_layout="chunk_major", device="cuda")
+    submitted, results = [], []
+    for job in range(5000):
+        sizes = [int(rng.integers(0, 9)), int(rng.integers(0, 9))]
+        firsts = [int(rng.integers(0, 4)), int(rng.integers(0, 4))]
+        ids = np.concatenate([rng.permutation(96)[:n] for n in sizes])
+        chunks = np.concatenate([rng.permutation(80)[: chunks_used(n, b, 2)] for n, b in zip(sizes, firsts)])
+        direction = "store" if rng.random() < 0.5 else "load"
+        gpu, cpu = GPUSpec(ids, sizes, firsts), CPUSpec(chunks)
+        assert handler.transfer_async(job, *((gpu, cpu) if direction == "store" else (cpu, gpu)))
+        getattr(model, direction)(ids, sizes, firsts, chunks)
+        submitted.append(job)
+        results += handler.get_finished()
+        if job >= 64:
+            handler.wait([job - 64])
+    handler.wait(submitted)
+    results += handler.get_finished()
+    check(handler, model)
+    assert sorted(r.job_id for r in results) == submitted and all(r.success for r in results)
+    assert handler.descriptor_arrays_allocated <= 70
+    handler.shutdown()
+
+
+def test_a_cuda_failure_fails_that_job_only(monkeypatch):
+    handler, model = make_handler(np.random.default_rng(6), [1024], [2], num_blocks=16, num_chunks=8,
+                                  bpc=2, cpu_layout="chunk_major", device="cuda")
+    real = kvoffload.transfer_lanes.batch_copy
+
+    def fail_once(*args, **kwargs):
+        monkeypatch.setattr(kvoffload.transfer_lanes, "batch_copy", real)
+        raise kv.CudaError("cuMemcpyBatchAsync: CUDA_ERROR_INVALID_VALUE (1): injected")
+
+    monkeypatch.setattr(kvoffload.transfer_lanes, "batch_copy", fail_once)
+    assert not handler.transfer_async("bad", GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
+    (result,) = handler.get_finished()
+    assert not result.success and "CUDA_ERROR_INVALID_VALUE" in result.error
+    run_job(handler, model, "good", "store", [2, 3], [2], [0], [1])
+    check(handler, model)
+    handler.shutdown()
+
+
+def test_a_registered_host_buffer_is_page_locked_and_released():
+    gpu = [[torch.randint(0, 255, (16, 2048), dtype=torch.uint8, device="cuda") for _ in range(2)]]
+    buffer = torch.zeros(1 << 20, dtype=torch.uint8)
+    assert not _C.is_pinned_host(buffer.data_ptr())
+    handler = OffloadHandler(gpu, 8, 2, host_buffer=buffer)
+    assert _C.is_pinned_host(buffer.data_ptr()) and handler.pool.base == buffer.data_ptr()
+    assert handler.transfer_async(0, GPUSpec([3, 5], [2], [0]), CPUSpec([4]))
+    handler.wait([0])
+    assert handler.get_finished()[0].success
+    view = pool_views(handler, buffer.numpy())
+    for t in range(2):
+        np.testing.assert_array_equal(view[0][t][4], gpu[0][t][[3, 5]].cpu().numpy())
+    handler.shutdown()
+    assert not _C.is_pinned_host(buffer.data_ptr())
