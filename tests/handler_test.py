@@ -11,8 +11,8 @@ import kvoffload.transfer_lanes
 from kvoffload.handler import OffloadHandler
 from kvoffload.host_pool import cpu_tensor_layouts, pool_bytes
 from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
-from kv_model import check, make_handler, run_job
-
+from kv_model import (check, make_handler, multi_group_with_an_empty_and_an_unaligned_group, run_job,
+                      soak, store_then_load_skipping_first_blocks)
 
 LAYOUTS = ["chunk_major", "per_tensor"]
 
@@ -21,32 +21,12 @@ LAYOUTS = ["chunk_major", "per_tensor"]
 @pytest.mark.parametrize("page", [512, 1024])
 @pytest.mark.parametrize("bpc", [1, 3])
 def test_store_and_load_skipping_the_first_blocks_of_a_chunk(cpu_layout, page, bpc):
-    rng = np.random.default_rng(page * bpc)
-    handler, model = make_handler(rng, [page], [4], num_blocks=16, num_chunks=12, bpc=bpc,
-                                  cpu_layout=cpu_layout)
-    stored = rng.permutation(16)[:7]
-    chunks = rng.permutation(12)[: chunks_used(7, 0, bpc)]
-    run_job(handler, model, "store", "store", stored, [7], [0], chunks)
-    for first in (1, 2):
-        n = 7 - first
-        load_chunks = chunks[first // bpc : first // bpc + chunks_used(n, first, bpc)]
-        run_job(handler, model, f"load{first}", "load", rng.permutation(16)[:n], [n], [first], load_chunks)
-    handler.shutdown()
+    store_then_load_skipping_first_blocks("cpu", cpu_layout, page, bpc)
 
 
 @pytest.mark.parametrize("cpu_layout", LAYOUTS)
 def test_multi_group_with_an_empty_and_an_unaligned_group(cpu_layout):
-    rng = np.random.default_rng(11)
-    bpc = 4
-    handler, model = make_handler(rng, [256, 768, 512], [2, 2, 3], num_blocks=24, num_chunks=10,
-                                  bpc=bpc, cpu_layout=cpu_layout, padding=64)
-    sizes, firsts = [8, 0, 6], [0, 2, 3]
-    ids = np.concatenate([rng.permutation(24)[:8], rng.permutation(24)[:6]])
-    chunks = np.concatenate([rng.permutation(10)[:2], rng.permutation(10)[:3]])
-    run_job(handler, model, 1, "store", ids, sizes, firsts, chunks)
-    ids = np.concatenate([rng.permutation(24)[:8], rng.permutation(24)[:6]])
-    run_job(handler, model, 2, "load", ids, sizes, firsts, chunks)
-    handler.shutdown()
+    multi_group_with_an_empty_and_an_unaligned_group("cpu", cpu_layout)
 
 
 def test_pool_layouts_place_chunks_as_documented():
@@ -82,27 +62,8 @@ def test_a_soak_of_mixed_jobs_loses_nothing_and_allocates_nothing_new():
     rng = np.random.default_rng(3)
     handler, model = make_handler(rng, [256, 128], [2, 3], num_blocks=48, num_chunks=40, bpc=2,
                                   cpu_layout="chunk_major")
-    submitted, results, allocated = set(), [], []
-    for job in range(3000):
-        sizes = [int(rng.integers(0, 7)), int(rng.integers(0, 7))]
-        firsts = [int(rng.integers(0, 4)), int(rng.integers(0, 4))]
-        ids = np.concatenate([rng.permutation(48)[:n] for n in sizes])
-        chunks = np.concatenate([rng.permutation(40)[: chunks_used(n, b, 2)] for n, b in zip(sizes, firsts)])
-        direction = "store" if rng.random() < 0.5 else "load"
-        gpu, cpu = GPUSpec(ids, sizes, firsts), CPUSpec(chunks)
-        assert handler.transfer_async(job, *((gpu, cpu) if direction == "store" else (cpu, gpu)))
-        getattr(model, direction)(ids, sizes, firsts, chunks)
-        submitted.add(job)
-        results += handler.get_finished()
-        if job >= 32:
-            handler.wait([job - 32])  # at most 32 jobs in flight, as a server's queue bounds it
-        if job % 1000 == 999:
-            allocated.append(handler.descriptor_arrays_allocated)
-    handler.wait(submitted)
-    results += handler.get_finished()
-    check(handler, model)
-    assert sorted(r.job_id for r in results) == sorted(submitted) and all(r.success for r in results)
-    assert allocated[-1] == allocated[0] <= 34  # one array per job in flight, at most
+    allocated = soak(handler, model, rng, jobs=3000, max_in_flight=32)
+    assert allocated[-1] <= 34  # bounded by the jobs in flight, not by the 3000 jobs run
     handler.shutdown()
 
 

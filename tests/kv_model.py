@@ -88,11 +88,12 @@ def check(handler, model):
             np.testing.assert_array_equal(gpu_pages(tensor, page), model.gpu[g][t], f"gpu group {g} tensor {t}")
 
 
-def run_job(handler, model, job_id, direction, block_ids, sizes, firsts, chunk_ids):
+def run_job(handler, model, job_id, direction, block_ids, sizes, firsts, chunk_ids, expedite=False):
     """Runs one job to completion and checks its result and every byte."""
     gpu, cpu = GPUSpec(block_ids, sizes, firsts), CPUSpec(chunk_ids)
     start = time.perf_counter()
-    assert handler.transfer_async(job_id, *((gpu, cpu) if direction == "store" else (cpu, gpu)))
+    assert handler.transfer_async(job_id, *((gpu, cpu) if direction == "store" else (cpu, gpu)),
+                                  expedite=expedite)
     handler.wait([job_id])
     wall = time.perf_counter() - start
     (result,) = handler.get_finished()
@@ -104,3 +105,63 @@ def run_job(handler, model, job_id, direction, block_ids, sizes, firsts, chunk_i
         job_id, True, Direction(direction), pages)
     assert 0 < result.seconds < wall
     return result
+
+
+def store_then_load_skipping_first_blocks(device, cpu_layout, page, bpc):
+    """vLLM's worker case: store 7 blocks of 4 tensors, load them back from sub-block 1 and 2."""
+    rng = np.random.default_rng(page * bpc)
+    handler, model = make_handler(rng, [page], [4], num_blocks=16, num_chunks=12, bpc=bpc,
+                                  cpu_layout=cpu_layout, device=device)
+    stored = rng.permutation(16)[:7]
+    chunks = rng.permutation(12)[: chunks_used(7, 0, bpc)]
+    run_job(handler, model, "store", "store", stored, [7], [0], chunks)
+    for first in (1, 2):
+        n = 7 - first
+        load_chunks = chunks[first // bpc : first // bpc + chunks_used(n, first, bpc)]
+        run_job(handler, model, first, "load", rng.permutation(16)[:n], [n], [first], load_chunks)
+    handler.shutdown()
+
+
+def multi_group_with_an_empty_and_an_unaligned_group(device, cpu_layout, expedite=False):
+    """Three groups of different page sizes, padded blocks; group 1 is empty, group 2
+    starts at sub-block 3 and ends inside its last chunk."""
+    rng = np.random.default_rng(11)
+    handler, model = make_handler(rng, [256, 768, 512], [2, 2, 3], num_blocks=24, num_chunks=10,
+                                  bpc=4, cpu_layout=cpu_layout, padding=64, device=device,
+                                  expedited_loads=expedite)
+    sizes, firsts = [8, 0, 6], [0, 2, 3]
+    chunks = np.concatenate([rng.permutation(10)[:2], rng.permutation(10)[:3]])
+    for job, direction in enumerate(("store", "load")):
+        ids = np.concatenate([rng.permutation(24)[:8], rng.permutation(24)[:6]])
+        run_job(handler, model, job, direction, ids, sizes, firsts, chunks,
+                expedite=expedite and direction == "load")
+    handler.shutdown()
+
+
+def soak(handler, model, rng, jobs, max_in_flight):
+    """Random mixed jobs, at most max_in_flight at once; checks every byte and result at the
+    end and returns the descriptor arrays allocated after each thousand jobs."""
+    layout = handler.layout
+    bpc = layout.blocks_per_chunk
+    submitted, results, allocated = [], [], []
+    for job in range(jobs):
+        sizes = [int(rng.integers(0, 9)) for _ in layout.groups]
+        firsts = [int(rng.integers(0, 2 * bpc)) for _ in layout.groups]
+        ids = np.concatenate([rng.permutation(g.num_gpu_blocks)[:n] for g, n in zip(layout.groups, sizes)])
+        chunks = np.concatenate([rng.permutation(g.num_cpu_chunks)[: chunks_used(n, b, bpc)]
+                                 for g, n, b in zip(layout.groups, sizes, firsts)])
+        direction = "store" if rng.random() < 0.5 else "load"
+        gpu, cpu = GPUSpec(ids, sizes, firsts), CPUSpec(chunks)
+        assert handler.transfer_async(job, *((gpu, cpu) if direction == "store" else (cpu, gpu)))
+        getattr(model, direction)(ids, sizes, firsts, chunks)
+        submitted.append(job)
+        results += handler.get_finished()
+        if job >= max_in_flight:
+            handler.wait([job - max_in_flight])  # and every earlier job: ids are waited in order
+        if job % 1000 == 999:
+            allocated.append(handler.descriptor_arrays_allocated)
+    handler.wait(submitted)
+    results += handler.get_finished()
+    check(handler, model)
+    assert sorted(r.job_id for r in results) == submitted and all(r.success for r in results)
+    return allocated

@@ -10,79 +10,37 @@ import kvoffload as kv
 from kvoffload.planner import (CPUSpec, GPUSpec, GroupLayout, KVLayout, TensorLayout,
                                chunks_used, plan_transfer)
 from kvoffload.planner_reference import plan_per_block
-
-POISON = 0xA5
-
+from kv_model import POISON, KVModel
 
 # ---- a KV cache of CPU tensors standing in for the GPU, and its CPU pool ----
 
 class Cache:
-    """gpu[g][t]: [num_blocks, page] random bytes; cpu[g][t]: [num_chunks, bpc * page], poisoned."""
+    """gpu[g][t]: [num_blocks, page] random bytes; cpu[g][t]: [num_chunks, bpc * page], poisoned;
+    model: what both must hold."""
 
     def __init__(self, rng, pages, tensors, num_blocks, num_chunks, bpc):
-        self.bpc, self.pages = bpc, pages
         self.gpu = [[torch.from_numpy(rng.integers(0, 256, (num_blocks, p), dtype=np.uint8))
                      for _ in range(n)] for p, n in zip(pages, tensors)]
         self.cpu = [[torch.full((num_chunks, bpc * p), POISON, dtype=torch.uint8)
                      for _ in range(n)] for p, n in zip(pages, tensors)]
         self.layout = KVLayout.from_tensors(self.gpu, self.cpu, bpc)
+        self.model = KVModel([[t.numpy() for t in g] for g in self.gpu], [num_chunks] * len(pages), bpc)
 
-    def snapshot(self):
-        return [[t.clone() for t in g] for g in self.gpu], [[t.clone() for t in g] for g in self.cpu]
-
-    def expected_store(self, block_ids, group_sizes, block_indices, chunk_ids):
-        """The CPU pool after a store, computed block by block from indices."""
-        cpu = [[t.clone() for t in g] for g in self.cpu]
-        for g, ((ids, chunks), first) in enumerate(zip(split(block_ids, group_sizes, chunk_ids, block_indices, self.bpc), block_indices)):
-            skip = first % self.bpc
-            p = self.pages[g]
-            for t in range(len(cpu[g])):
-                for i, b in enumerate(ids):
-                    c, sub = chunks[(skip + i) // self.bpc], (skip + i) % self.bpc
-                    cpu[g][t][c, sub * p : (sub + 1) * p] = self.gpu[g][t][b]
-        return cpu
-
-    def expected_load(self, block_ids, group_sizes, block_indices, chunk_ids):
-        gpu = [[t.clone() for t in g] for g in self.gpu]
-        for g, ((ids, chunks), first) in enumerate(zip(split(block_ids, group_sizes, chunk_ids, block_indices, self.bpc), block_indices)):
-            skip = first % self.bpc
-            p = self.pages[g]
-            for t in range(len(gpu[g])):
-                for i, b in enumerate(ids):
-                    c, sub = chunks[(skip + i) // self.bpc], (skip + i) % self.bpc
-                    gpu[g][t][b] = self.cpu[g][t][c, sub * p : (sub + 1) * p]
-        return gpu
-
-
-def split(block_ids, group_sizes, chunk_ids, block_indices, bpc):
-    out, b, c = [], 0, 0
-    for n, first in zip(group_sizes, block_indices):
-        used = chunks_used(n, first, bpc)
-        out.append((list(block_ids[b : b + n]), list(chunk_ids[c : c + used])))
-        b, c = b + n, c + used
-    return out
-
-
-def assert_tensors_equal(got, want):
-    for g, (gs, ws) in enumerate(zip(got, want)):
-        for t, (a, b) in enumerate(zip(gs, ws)):
-            assert torch.equal(a, b), f"group {g} tensor {t} differs"
+    def check(self):
+        for g, (gpu, cpu) in enumerate(zip(self.gpu, self.cpu)):
+            for t, (a, b) in enumerate(zip(gpu, cpu)):
+                np.testing.assert_array_equal(a.numpy(), self.model.gpu[g][t], f"gpu group {g} tensor {t}")
+                np.testing.assert_array_equal(b.numpy().reshape(self.model.cpu[g][t].shape),
+                                              self.model.cpu[g][t], f"cpu group {g} tensor {t}")
 
 
 def run(cache, direction, block_ids, group_sizes, block_indices, chunk_ids):
     plan = plan_transfer(cache.layout, GPUSpec(block_ids, group_sizes, block_indices),
                          CPUSpec(chunk_ids))
-    want = (cache.expected_store if direction == "store" else cache.expected_load)(
-        block_ids, group_sizes, block_indices, chunk_ids)
-    gpu_before, cpu_before = cache.snapshot()
     result = kv.host_copy(*(plan.store() if direction == "store" else plan.load()))
     assert result.bytes == plan.total_bytes
-    if direction == "store":
-        assert_tensors_equal(cache.cpu, want)
-        assert_tensors_equal(cache.gpu, gpu_before)  # the source is unchanged
-    else:
-        assert_tensors_equal(cache.gpu, want)
-        assert_tensors_equal(cache.cpu, cpu_before)
+    getattr(cache.model, direction)(block_ids, group_sizes, block_indices, chunk_ids)
+    cache.check()
     return plan
 
 
@@ -304,7 +262,6 @@ def test_from_tensors_rejects_mismatched_groups():
 def test_a_failed_plan_copies_nothing_because_nothing_is_returned():
     rng = np.random.default_rng(5)
     cache = Cache(rng, [128], [2], num_blocks=8, num_chunks=4, bpc=2)
-    _, cpu_before = cache.snapshot()
     with pytest.raises(ValueError):
         plan_transfer(cache.layout, GPUSpec([0, 1, 8], [3], [0]), CPUSpec([0, 1]))
-    assert_tensors_equal(cache.cpu, cpu_before)
+    cache.check()

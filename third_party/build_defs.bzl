@@ -140,3 +140,14 @@ def kvoffload_py_test(name, srcs, deps = [], tags = [], size = "small", **kwargs
         deps = deps,
         **kwargs
     )
+
+def kvoffload_py_benchmark(name, deps = []):
+    """`bazel run //bench:<name>`: the script <name>.py on the configured interpreter."""
+    native.py_binary(
+        name = name,
+        srcs = [name + ".py"],
+        legacy_create_init = False,
+        python_version = "PY3",
+        tags = ["benchmark"],
+        deps = deps + [Label("//py/kvoffload")],
+    )
