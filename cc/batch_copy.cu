@@ -10,6 +10,7 @@
 
 #include "cc/cuda_check.h"
 #include "cc/cuda_error.h"
+#include "cc/stream_device.h"
 
 namespace kvoffload {
 namespace {
@@ -65,28 +66,6 @@ std::string DriverErrorName(CUresult status) {
   }
   return "CUresult";
 }
-
-// Makes the stream's device current, with its primary context, which the driver's
-// batch call needs on this thread; restores the caller's device afterwards.
-class StreamDeviceGuard {
- public:
-  explicit StreamDeviceGuard(cudaStream_t stream) {
-    CheckCuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    int device = previous_;
-    CheckCuda(cudaStreamGetDevice(stream, &device), "cudaStreamGetDevice");
-    CheckCuda(cudaSetDevice(device), "cudaSetDevice");
-    restore_ = device != previous_;
-  }
-  ~StreamDeviceGuard() {
-    if (restore_) cudaSetDevice(previous_);
-  }
-  StreamDeviceGuard(const StreamDeviceGuard&) = delete;
-  StreamDeviceGuard& operator=(const StreamDeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-  bool restore_ = false;
-};
 
 SrcAccessOrder OrderOf(const CopyBatch& batch, int64_t i) {
   return batch.order == nullptr ? SrcAccessOrder::kStream

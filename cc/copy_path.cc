@@ -10,6 +10,10 @@ CopyPath PathFor(PathReason reason) {
       return CopyPath::kBatch;
     case PathReason::kHostToHost:
       return CopyPath::kHost;
+    case PathReason::kKernelRequested:
+      return CopyPath::kKernel;
+    case PathReason::kStagedRequested:
+      return CopyPath::kStaged;
     default:
       return CopyPath::kPerCopy;
   }
@@ -25,6 +29,10 @@ const char* PathName(CopyPath path) {
       return "per_copy";
     case CopyPath::kHost:
       return "host";
+    case CopyPath::kKernel:
+      return "kernel";
+    case CopyPath::kStaged:
+      return "staged";
   }
   return "unknown";
 }
@@ -45,6 +53,10 @@ const char* ReasonText(PathReason reason) {
       return "driver answered CUDA_ERROR_NOT_SUPPORTED to the batch copy";
     case PathReason::kHostToHost:
       return "host-to-host copy";
+    case PathReason::kKernelRequested:
+      return "copy kernel requested";
+    case PathReason::kStagedRequested:
+      return "staged copy requested";
   }
   return "unknown";
 }

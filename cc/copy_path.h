@@ -10,6 +10,8 @@ enum class CopyPath : uint8_t {
   kBatch,    // cuMemcpyBatchAsync
   kPerCopy,  // one cudaMemcpyAsync per copy
   kHost,     // memcpy on the host
+  kKernel,   // an SM copy kernel
+  kStaged,   // DMA of large host runs through a device staging ring, plus a kernel
 };
 
 // Why a batch took its path. Every per-copy reason is named; there is no silent fallback.
@@ -21,6 +23,8 @@ enum class PathReason : uint8_t {
   kNoBatchEntryPoint,   // the driver has no cuMemcpyBatchAsync
   kDriverNotSupported,  // the batch call answered CUDA_ERROR_NOT_SUPPORTED
   kHostToHost,
+  kKernelRequested,  // the caller chose the copy kernel
+  kStagedRequested,  // the caller chose the staged copy
 };
 
 CopyPath PathFor(PathReason reason);

@@ -11,10 +11,12 @@
 
 #include "cc/batch_copy.h"
 #include "cc/copy_batch.h"
+#include "cc/copy_kernel.h"
 #include "cc/copy_path.h"
 #include "cc/cuda_error.h"
 #include "cc/host_copy.h"
 #include "cc/host_memory.h"
+#include "cc/staged_copy.h"
 
 namespace nb = nanobind;
 
@@ -217,6 +219,24 @@ CopyResult PyBatchCopy(nb::handle src, nb::handle dst, nb::handle sizes, nb::han
                       BatchCopyOptions{max_copies_per_call, per_copy});
 }
 
+CopyResult PyKernelCopy(nb::handle src, nb::handle dst, nb::handle sizes, nb::handle stream,
+                        int max_ctas, int64_t piece_bytes) {
+  CopyArrays arrays(src, dst, sizes);
+  const CopyBatch batch = arrays.Batch(nullptr);
+  const cudaStream_t s = ToStream(stream);
+  nb::gil_scoped_release release;
+  return KernelCopy(batch, s, KernelCopyOptions{max_ctas, piece_bytes});
+}
+
+CopyResult PyStagedCopy(nb::handle src, nb::handle dst, nb::handle sizes, bool host_is_src,
+                        nb::handle stream, int64_t slot_bytes, int slots, int max_ctas) {
+  CopyArrays arrays(src, dst, sizes);
+  const CopyBatch batch = arrays.Batch(nullptr);
+  const cudaStream_t s = ToStream(stream);
+  nb::gil_scoped_release release;
+  return StagedCopy(batch, host_is_src, s, StagedCopyOptions{slot_bytes, slots, max_ctas});
+}
+
 CopyResult PyHostCopy(nb::handle src, nb::handle dst, nb::handle sizes, int threads) {
   CopyArrays arrays(src, dst, sizes);
   return RunHostCopy(arrays.Batch(nullptr), threads);
@@ -366,6 +386,12 @@ NB_MODULE(_C, m) {
         nb::arg("stream").none() = nb::none(),
         nb::arg("order") = static_cast<int>(SrcAccessOrder::kStream),
         nb::arg("max_copies_per_call") = 0, nb::arg("per_copy") = false);
+  m.def("kernel_copy", &PyKernelCopy, nb::arg("src"), nb::arg("dst"), nb::arg("sizes"),
+        nb::arg("stream").none() = nb::none(), nb::arg("max_ctas") = 8,
+        nb::arg("piece_bytes") = int64_t{64} << 10);
+  m.def("staged_copy", &PyStagedCopy, nb::arg("src"), nb::arg("dst"), nb::arg("sizes"),
+        nb::arg("host_is_src"), nb::arg("stream").none() = nb::none(),
+        nb::arg("slot_bytes") = int64_t{16} << 20, nb::arg("slots") = 4, nb::arg("max_ctas") = 8);
   m.def("host_copy", &PyHostCopy, nb::arg("src"), nb::arg("dst"), nb::arg("sizes"),
         nb::arg("threads") = 0);
   m.def("copy_blocks", &PyCopyBlocks, nb::arg("src"), nb::arg("dst"), nb::arg("block_mapping"),

@@ -11,6 +11,8 @@ from kvoffload.batch_copy import (
     copy_blocks,
     device_path,
     host_copy,
+    kernel_copy,
+    staged_copy,
 )
 
 __all__ = [
@@ -24,4 +26,6 @@ __all__ = [
     "copy_blocks",
     "device_path",
     "host_copy",
+    "kernel_copy",
+    "staged_copy",
 ]

@@ -45,6 +45,42 @@ def batch_copy(
     return _C.batch_copy(src, dst, sizes, stream, order, max_copies_per_call, per_copy)
 
 
+def kernel_copy(
+    src: Int64Array,
+    dst: Int64Array,
+    sizes: Int64Array,
+    stream: Stream = None,
+    max_ctas: int = 8,
+    piece_bytes: int = 64 << 10,
+) -> CopyResult:
+    """Copies with an SM kernel of at most ``max_ctas`` CTAs of 1024 threads.
+
+    Both ends of every copy must be device memory or page-locked host memory (it is read
+    through the GPU's mapping, over PCIe). Copies over ``piece_bytes`` are split so warps
+    share them. Descriptors reach the GPU in stream order.
+    """
+    return _C.kernel_copy(src, dst, sizes, stream, max_ctas, piece_bytes)
+
+
+def staged_copy(
+    src: Int64Array,
+    dst: Int64Array,
+    sizes: Int64Array,
+    host_is_src: bool,
+    stream: Stream = None,
+    slot_bytes: int = 16 << 20,
+    slots: int = 4,
+    max_ctas: int = 8,
+) -> CopyResult:
+    """Copies between scattered device blocks and host memory in large runs, through a
+    device staging ring: DMA of the host runs, plus a gather or scatter kernel.
+
+    ``host_is_src``: a load (host -> device); else a store. The ring has ``slots`` slots
+    of ``slot_bytes``; slices pipeline, and any batch size wraps around the ring.
+    """
+    return _C.staged_copy(src, dst, sizes, host_is_src, stream, slot_bytes, slots, max_ctas)
+
+
 def host_copy(src: Int64Array, dst: Int64Array, sizes: Int64Array, threads: int = 0) -> CopyResult:
     """Copies host memory to host memory with memcpy; needs no GPU.
 

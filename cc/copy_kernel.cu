@@ -1,0 +1,156 @@
+#include "cc/copy_kernel.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cc/cuda_check.h"
+#include "cc/pinned_buffers.h"
+#include "cc/stream_device.h"
+
+namespace kvoffload {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarpSize = 32;
+constexpr int kLoadsInFlight = 8;
+
+// One warp copies n bytes. Where source and destination share their offset modulo 16,
+// a byte head brings both to 16-byte alignment, the body moves in 16-byte vectors with
+// kLoadsInFlight loads per lane before any store, and a byte tail ends it.
+__device__ void WarpCopy(const char* src, char* dst, int64_t n, int lane) {
+  const uintptr_t s = reinterpret_cast<uintptr_t>(src);
+  const uintptr_t d = reinterpret_cast<uintptr_t>(dst);
+  int64_t done = 0;
+  if (((s ^ d) & 15) == 0) {
+    const int64_t head = n < int64_t((16 - (s & 15)) & 15) ? n : int64_t((16 - (s & 15)) & 15);
+    if (lane < head) dst[lane] = src[lane];
+    const int4* vs = reinterpret_cast<const int4*>(src + head);
+    int4* vd = reinterpret_cast<int4*>(dst + head);
+    const int64_t vectors = (n - head) >> 4;
+    for (int64_t base = 0; base < vectors; base += kWarpSize * kLoadsInFlight) {
+      int4 r[kLoadsInFlight];
+#pragma unroll
+      for (int k = 0; k < kLoadsInFlight; ++k) {
+        const int64_t i = base + k * kWarpSize + lane;
+        if (i < vectors) r[k] = vs[i];
+      }
+#pragma unroll
+      for (int k = 0; k < kLoadsInFlight; ++k) {
+        const int64_t i = base + k * kWarpSize + lane;
+        if (i < vectors) vd[i] = r[k];
+      }
+    }
+    done = head + (vectors << 4);
+  }
+  // Misaligned pairs byte by byte, still with kLoadsInFlight loads in flight.
+  for (int64_t base = done; base < n; base += kWarpSize * kLoadsInFlight) {
+    char r[kLoadsInFlight];
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const int64_t i = base + k * kWarpSize + lane;
+      if (i < n) r[k] = src[i];
+    }
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const int64_t i = base + k * kWarpSize + lane;
+      if (i < n) dst[i] = r[k];
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    CopyPiecesKernel(const int64_t* src, const int64_t* dst, const int64_t* size, int64_t count) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / kWarpSize);
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
+       i < count; i += warps) {
+    WarpCopy(reinterpret_cast<const char*>(src[i]), reinterpret_cast<char*>(dst[i]), size[i],
+             lane);
+  }
+}
+
+}  // namespace
+
+int64_t SplitIntoPieces(const CopyBatch& batch, int64_t piece_bytes, std::vector<int64_t>& out) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < batch.count; ++i) count += (batch.size[i] + piece_bytes - 1) / piece_bytes;
+  out.resize(3 * count);
+  int64_t* src = out.data();
+  int64_t* dst = src + count;
+  int64_t* size = dst + count;
+  int64_t k = 0;
+  for (int64_t i = 0; i < batch.count; ++i) {
+    for (int64_t offset = 0; offset < batch.size[i]; offset += piece_bytes, ++k) {
+      src[k] = batch.src[i] + offset;
+      dst[k] = batch.dst[i] + offset;
+      size[k] = std::min(piece_bytes, batch.size[i] - offset);
+    }
+  }
+  return count;
+}
+
+void LaunchCopyKernel(const int64_t* device_src, const int64_t* device_dst,
+                      const int64_t* device_size, int64_t count, int max_ctas,
+                      cudaStream_t stream) {
+  if (count == 0) return;
+  const int64_t warps_needed = (count + kWarpSize - 1) / kWarpSize;
+  const int ctas = static_cast<int>(std::min<int64_t>(max_ctas, warps_needed));
+  CopyPiecesKernel<<<ctas, kThreads, 0, stream>>>(device_src, device_dst, device_size, count);
+  CheckCuda(cudaGetLastError(), "CopyPiecesKernel launch");
+}
+
+void UploadAndLaunch(const std::vector<int64_t>& pieces, int64_t count, int max_ctas,
+                     cudaStream_t stream) {
+  if (count == 0) return;
+  const size_t bytes = pieces.size() * sizeof(int64_t);
+  // Descriptors travel through a pinned buffer, so the upload is asynchronous, and live
+  // in stream-ordered device memory until the kernel is done.
+  PinnedBuffers& pinned = PinnedBuffers::Instance();
+  void* host = pinned.Acquire(bytes);
+  std::memcpy(host, pieces.data(), bytes);
+  void* device = nullptr;
+  cudaError_t status = cudaMallocAsync(&device, bytes, stream);
+  if (status == cudaSuccess) {
+    status = cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream);
+  }
+  pinned.Release(host, stream);
+  CheckCuda(status, "descriptor upload");
+  const int64_t* d = static_cast<const int64_t*>(device);
+  try {
+    LaunchCopyKernel(d, d + count, d + 2 * count, count, max_ctas, stream);
+  } catch (...) {
+    cudaFreeAsync(device, stream);
+    throw;
+  }
+  CheckCuda(cudaFreeAsync(device, stream), "cudaFreeAsync");
+}
+
+CopyResult KernelCopy(const CopyBatch& batch, cudaStream_t stream,
+                      const KernelCopyOptions& options) {
+  ValidateCopyBatch(batch);
+  if (options.max_ctas < 1) {
+    throw std::invalid_argument("max_ctas: must be >= 1, got " + std::to_string(options.max_ctas));
+  }
+  if (options.piece_bytes < 16) {
+    throw std::invalid_argument("piece_bytes: must be >= 16, got " +
+                                std::to_string(options.piece_bytes));
+  }
+  CopyResult result;
+  if (batch.count == 0) return result;
+  RequireCudaDevice();
+  StreamDeviceGuard guard(stream);
+  result.reason = PathReason::kKernelRequested;
+  result.copies = batch.count;
+  result.bytes = TotalBytes(batch);
+
+  std::vector<int64_t> pieces;
+  const int64_t count = SplitIntoPieces(batch, options.piece_bytes, pieces);
+  UploadAndLaunch(pieces, count, options.max_ctas, stream);
+  result.driver_calls = 1;
+  return result;
+}
+
+}  // namespace kvoffload

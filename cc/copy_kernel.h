@@ -1,0 +1,40 @@
+#ifndef KVOFFLOAD_CC_COPY_KERNEL_H_
+#define KVOFFLOAD_CC_COPY_KERNEL_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "cc/copy_batch.h"
+#include "cc/copy_path.h"
+
+namespace kvoffload {
+
+struct KernelCopyOptions {
+  // CTAs of 1024 threads the kernel may use (the SM budget); at least 1.
+  int max_ctas = 8;
+  // Copies larger than this are split so that warps share the work.
+  int64_t piece_bytes = int64_t{64} << 10;
+};
+
+// Copies the batch on `stream` with an SM kernel: each warp moves one piece at a time
+// with 16-byte accesses where source and destination share their alignment, and
+// 8 loads in flight per thread. Both ends of every copy must be device memory or
+// page-locked (mapped) host memory; see RequireDeviceAccessible. The descriptors go
+// to the device in stream order and are freed after the kernel, in stream order.
+CopyResult KernelCopy(const CopyBatch& batch, cudaStream_t stream,
+                      const KernelCopyOptions& options = {});
+
+// Uploads pieces ([src..., dst..., size...], as SplitIntoPieces makes them) in stream
+// order and launches the copy kernel over them on `stream`.
+void UploadAndLaunch(const std::vector<int64_t>& pieces, int64_t count, int max_ctas,
+                     cudaStream_t stream);
+
+// Splits copies into pieces of at most piece_bytes (offsets stay aligned to it), as
+// arrays [src..., dst..., size...] of 3 * count entries; returns count.
+int64_t SplitIntoPieces(const CopyBatch& batch, int64_t piece_bytes, std::vector<int64_t>& out);
+
+}  // namespace kvoffload
+
+#endif  // KVOFFLOAD_CC_COPY_KERNEL_H_
