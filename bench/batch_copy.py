@@ -18,6 +18,7 @@ import numpy as np
 from absl import app, flags
 
 import kvoffload as kv
+from kvoffload import auto
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("block_kib", ["4", "16", "64", "256", "1024", "2048"], "Block sizes in KiB.")
@@ -27,7 +28,7 @@ flags.DEFINE_integer("repeats", 3, "Measurements per point; the best is kept.")
 flags.DEFINE_list("directions", ["h2d", "d2h"], "h2d and/or d2h.")
 flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the workspace).")
 flags.DEFINE_string("plot", "", "Write a PNG plot of GB/s against block size here.")
-flags.DEFINE_list("methods", ["per_copy", "batch_stream", "batch_any", "kernel", "staged"],
+flags.DEFINE_list("methods", ["per_copy", "batch_stream", "batch_any", "kernel", "staged", "auto"],
                   "Methods to measure beside the bulk copy.")
 flags.DEFINE_enum("pattern", "scattered", ["scattered", "host_runs"],
                   "scattered: both sides at random; host_runs: the host side in runs of "
@@ -52,6 +53,7 @@ def gpu_methods(direction):
         "staged": lambda s, d, z, st: kv.staged_copy(
             s, d, z, load, st, slot_bytes=FLAGS.slot_mib << 20, slots=FLAGS.slots,
             max_ctas=FLAGS.staged_ctas),
+        "auto": lambda s, d, z, st: auto.copy(s, d, z, st, direction=direction),
     }
 
 

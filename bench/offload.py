@@ -11,6 +11,7 @@ the host path on a small cache and says so.
 """
 
 import datetime
+import itertools
 import json
 import os
 import time
@@ -19,6 +20,7 @@ import numpy as np
 from absl import app, flags
 
 import kvoffload as kv
+from kvoffload import auto
 from kvoffload.handler import OffloadHandler
 from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
 
@@ -28,6 +30,7 @@ flags.DEFINE_integer("gpu_blocks", 2048, "GPU blocks per tensor.")
 flags.DEFINE_integer("blocks_per_chunk", 16, "Blocks per CPU chunk.")
 flags.DEFINE_integer("moved_mib", 4096, "Bytes moved per measurement and direction, MiB.")
 flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the workspace).")
+flags.DEFINE_list("methods", ["auto", "batch"], "Handler copy methods to compare (kvoffload.auto).")
 
 # name -> [(layers, kv heads, head dim)] per group; K and V are separate tensors.
 CACHES = {
@@ -102,25 +105,29 @@ def main(argv):
     rows = []
     for name, shape in CACHES.items():
         cache = make_cache(torch, shape, blocks, "cuda" if gpu else "cpu")
+        handlers = {}
         chunks = blocks // bpc
-        handler = OffloadHandler(cache, chunks, bpc)
         block_bytes = sum(2 * layers * TOKENS_PER_BLOCK * heads * dim * 2 for layers, heads, dim in shape)
-        for n in sorted({min(int(b), blocks // 2) for b in FLAGS.job_blocks}):
+        for method, n in itertools.product(FLAGS.methods if gpu else ["host"],
+                                           sorted({min(int(b), blocks // 2) for b in FLAGS.job_blocks})):
+            handler = handlers.get(method) or handlers.setdefault(
+                method, OffloadHandler(cache, chunks, bpc, method=method if gpu else "auto"))
             jobs = max(2, moved // (n * block_bytes))
             specs = [job_specs(rng, len(shape), n, blocks, chunks, bpc) for _ in range(jobs)]
             for direction in ("store", "load"):
                 run_jobs(torch, handler, specs[:1], direction)  # warm up
                 wall, nbytes, seconds = run_jobs(torch, handler, specs, direction)
-                row = dict(cache=name, direction=direction, blocks_per_job=n, jobs=jobs,
+                row = dict(cache=name, method=method, direction=direction, blocks_per_job=n, jobs=jobs,
                            job_mib=nbytes / jobs / 2**20, gb_per_s=nbytes / wall / 1e9,
                            median_job_seconds=float(np.median(seconds)))
                 if bulk:
                     row["ratio_to_bulk"] = (nbytes / wall) / ((1 << 30) / bulk[direction])
                 rows.append(row)
                 ratio = f"  {row['ratio_to_bulk']:.0%} of bulk" if bulk else ""
-                print(f"{name:<16} {direction:<5} {n:>4} blocks/job ({row['job_mib']:.0f} MiB) "
+                print(f"{name:<16} {method:<7} {direction:<5} {n:>4} blocks/job ({row['job_mib']:.0f} MiB) "
                       f"x{jobs:<4} {row['gb_per_s']:6.1f} GB/s{ratio}")
-        handler.shutdown()
+        for handler in handlers.values():
+            handler.shutdown()
         del cache
     if FLAGS.out:
         out = FLAGS.out
@@ -132,6 +139,7 @@ def main(argv):
         with open(out, "w") as f:
             json.dump(dict(date=datetime.date.today().isoformat(), machine=machine,
                            config=dict(gpu_blocks=blocks, blocks_per_chunk=bpc, cpu_layout="chunk_major",
+                                       calibration=auto.calibration().rates if gpu else None,
                                        moved_mib=moved >> 20),
                            results=rows), f, indent=1)
         print(f"wrote {out}")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kvoffload as kv
-import kvoffload.transfer_lanes
+import kvoffload.auto
 from kvoffload import _C
 from kvoffload.handler import OffloadHandler
 from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
@@ -24,8 +24,9 @@ def require_gpu():
 @pytest.mark.parametrize("cpu_layout", ["chunk_major", "per_tensor"])
 @pytest.mark.parametrize("page", [512, 1024])
 @pytest.mark.parametrize("bpc", [1, 3])
-def test_store_and_load_skipping_the_first_blocks_of_a_chunk(cpu_layout, page, bpc):
-    store_then_load_skipping_first_blocks("cuda", cpu_layout, page, bpc)
+@pytest.mark.parametrize("method", ["auto", "batch", "per_copy", "kernel", "staged"])
+def test_store_and_load_skipping_the_first_blocks_of_a_chunk(cpu_layout, page, bpc, method):
+    store_then_load_skipping_first_blocks("cuda", cpu_layout, page, bpc, method=method)
 
 
 @pytest.mark.parametrize("expedite", [False, True])
@@ -76,10 +77,11 @@ def test_a_load_right_after_a_store_of_the_same_chunks_reads_the_stored_bytes():
     handler.shutdown()
 
 
-def test_a_soak_of_mixed_jobs_loses_nothing():
+@pytest.mark.parametrize("method", ["auto", "kernel", "staged"])
+def test_a_soak_of_mixed_jobs_loses_nothing(method):
     rng = np.random.default_rng(5)
     handler, model = make_handler(rng, [2048, 1024], [4, 2], num_blocks=96, num_chunks=80, bpc=2,
-                                  cpu_layout="chunk_major", device="cuda")
+                                  cpu_layout="chunk_major", device="cuda", method=method)
     allocated = soak(handler, model, rng, jobs=5000, max_in_flight=64)
     assert allocated[-1] <= 66  # bounded by the jobs in flight, not by the 5000 jobs run
     handler.shutdown()
@@ -88,13 +90,13 @@ def test_a_soak_of_mixed_jobs_loses_nothing():
 def test_a_cuda_failure_fails_that_job_only(monkeypatch):
     handler, model = make_handler(np.random.default_rng(6), [1024], [2], num_blocks=16, num_chunks=8,
                                   bpc=2, cpu_layout="chunk_major", device="cuda")
-    real = kvoffload.transfer_lanes.batch_copy
+    real = kvoffload.auto.run_method
 
     def fail_once(*args, **kwargs):
-        monkeypatch.setattr(kvoffload.transfer_lanes, "batch_copy", real)
+        monkeypatch.setattr(kvoffload.auto, "run_method", real)
         raise kv.CudaError("cuMemcpyBatchAsync: CUDA_ERROR_INVALID_VALUE (1): injected")
 
-    monkeypatch.setattr(kvoffload.transfer_lanes, "batch_copy", fail_once)
+    monkeypatch.setattr(kvoffload.auto, "run_method", fail_once)
     assert not handler.transfer_async("bad", GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
     (result,) = handler.get_finished()
     assert not result.success and "CUDA_ERROR_INVALID_VALUE" in result.error

@@ -107,11 +107,11 @@ def run_job(handler, model, job_id, direction, block_ids, sizes, firsts, chunk_i
     return result
 
 
-def store_then_load_skipping_first_blocks(device, cpu_layout, page, bpc):
+def store_then_load_skipping_first_blocks(device, cpu_layout, page, bpc, **handler_kwargs):
     """vLLM's worker case: store 7 blocks of 4 tensors, load them back from sub-block 1 and 2."""
     rng = np.random.default_rng(page * bpc)
     handler, model = make_handler(rng, [page], [4], num_blocks=16, num_chunks=12, bpc=bpc,
-                                  cpu_layout=cpu_layout, device=device)
+                                  cpu_layout=cpu_layout, device=device, **handler_kwargs)
     stored = rng.permutation(16)[:7]
     chunks = rng.permutation(12)[: chunks_used(7, 0, bpc)]
     run_job(handler, model, "store", "store", stored, [7], [0], chunks)

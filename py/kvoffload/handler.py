@@ -24,6 +24,7 @@ from typing import Hashable, Iterable, Sequence
 
 import numpy as np
 
+from kvoffload import auto
 from kvoffload.batch_copy import CudaError
 from kvoffload.descriptor_pool import DescriptorPool
 from kvoffload.host_pool import HostPool, kv_layout, pool_bytes
@@ -78,12 +79,15 @@ class OffloadHandler:
     a group's tensors share the block count. num_cpu_chunks: chunks per group (an int
     for all groups). page_bytes[g]: bytes moved per block of group g's tensors (default:
     the whole block). host_buffer: a CPU tensor to use (and page-lock) as the pool
-    instead of allocating one; ``pool_bytes`` says how large it must be.
+    instead of allocating one; ``pool_bytes`` says how large it must be. method: how
+    jobs copy on a GPU ("auto", "batch", "per_copy", "kernel", "staged"; see
+    kvoffload.auto), using at most ``sm_budget`` CTAs (None: no limit).
     """
 
     def __init__(self, gpu_tensors: Sequence[Sequence], num_cpu_chunks: int | Sequence[int],
                  blocks_per_chunk: int, *, page_bytes: Sequence[int] | None = None,
-                 cpu_layout: str = "chunk_major", host_buffer=None, expedited_loads: bool = False):
+                 cpu_layout: str = "chunk_major", host_buffer=None, expedited_loads: bool = False,
+                 method: str = "auto", sm_budget: int | None = None):
         import torch
 
         gpu_tensors = [list(group) for group in gpu_tensors]
@@ -106,7 +110,10 @@ class OffloadHandler:
                                 self.pool.base, cpu_layout)
         self.gpu_tensors = gpu_tensors
         lanes = ["store", "load"] + (["expedited"] if expedited_loads else [])
-        self._lanes = CudaLanes(torch, device, lanes) if on_gpu else HostLanes(lanes)
+        if method != "auto" and method not in auto.METHODS:
+            raise ValueError(f"method: expected 'auto' or one of {auto.METHODS}, got {method!r}")
+        self._lanes = (CudaLanes(torch, device, lanes, method, sm_budget) if on_gpu
+                       else HostLanes(lanes))
         self._load_source = MemoryKind.PINNED_HOST if on_gpu else MemoryKind.PAGEABLE_HOST
         self._expedited = expedited_loads
         self._descriptors = DescriptorPool()
@@ -152,8 +159,9 @@ class OffloadHandler:
         job.descriptors = self._descriptors.acquire(src, dst, sizes)
         n = len(sizes)
         try:
-            job.handle = self._lanes.submit(job.lane, job.descriptors[0, :n], job.descriptors[1, :n],
-                                            job.descriptors[2, :n], order, [w.handle for w in waits])
+            job.handle = self._lanes.submit(
+                job.lane, "d2h" if direction is Direction.STORE else "h2d", job.descriptors[0, :n],
+                job.descriptors[1, :n], job.descriptors[2, :n], order, [w.handle for w in waits])
         except CudaError as e:
             self._descriptors.release(job.descriptors)
             self._finished.append(TransferResult(job_id, False, direction, job.bytes, 0.0, str(e)))

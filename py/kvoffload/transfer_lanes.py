@@ -9,20 +9,25 @@ from __future__ import annotations
 import concurrent.futures
 import time
 
-from kvoffload.batch_copy import batch_copy, host_copy
+from kvoffload import auto
+from kvoffload.batch_copy import host_copy
 
 
 class CudaLanes:
-    """One CUDA stream per lane; a job starts after the compute stream's work so far."""
+    """One CUDA stream per lane; a job starts after the compute stream's work so far.
+    Jobs copy with ``method`` (kvoffload.auto) within ``sm_budget`` CTAs."""
 
-    def __init__(self, torch, device, lanes: list[str]):
+    def __init__(self, torch, device, lanes: list[str], method: str = "auto",
+                 sm_budget: int | None = None):
         self._torch = torch
         self._device = device
+        self._method = method
+        self._sm_budget = sm_budget
         self._streams = {lane: torch.cuda.Stream(device, priority=-1 if lane == "expedited" else 0)
                          for lane in lanes}
         self._events = []  # (start, end) pairs to reuse
 
-    def submit(self, lane, src, dst, sizes, order, waits):
+    def submit(self, lane, direction, src, dst, sizes, order, waits):
         stream = self._streams[lane]
         stream.wait_stream(self._torch.cuda.current_stream(self._device))
         for other in waits:
@@ -31,7 +36,8 @@ class CudaLanes:
             self._torch.cuda.Event(enable_timing=True) for _ in range(2))
         events[0].record(stream)
         try:
-            batch_copy(src, dst, sizes, stream=stream, order=order)
+            auto.copy(src, dst, sizes, stream, direction=direction, method=self._method,
+                      sm_budget=self._sm_budget, order=order)
         except Exception:
             self._events.append(events)
             raise
@@ -62,8 +68,8 @@ class HostLanes:
         self._workers = {lane: concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=lane)
                          for lane in lanes}
 
-    def submit(self, lane, src, dst, sizes, order, waits):
-        del order  # a host copy reads its source when it runs
+    def submit(self, lane, direction, src, dst, sizes, order, waits):
+        del direction, order  # a host copy reads its source when it runs
         return self._workers[lane].submit(self._run, src, dst, sizes, list(waits))
 
     @staticmethod

@@ -1,0 +1,60 @@
+"""kvoffload.auto on a GPU: the calibration file, and auto copies byte for byte."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from kvoffload import auto
+from scatter import POISON
+
+POOL = 64 << 20
+
+
+@pytest.fixture(autouse=True)
+def require_gpu():
+    assert torch.cuda.is_available(), "GPU tests need a CUDA device"
+
+
+def test_calibration_is_measured_once_cached_and_keyed_by_machine(tmp_path, monkeypatch):
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("KVOFFLOAD_CALIBRATION", str(path))
+    monkeypatch.setattr(auto, "_cached", None)
+    cal = auto.calibration()
+    entry = json.loads(path.read_text())[auto.machine_key()]
+    assert torch.cuda.get_device_name() in cal.key and "driver" in cal.key and "PCIe" in cal.key
+    assert set(entry["rates"]) == {f"{m} {d} {p}" for m in auto.METHODS for d in ("h2d", "d2h")
+                                   for p in auto.PATTERNS}
+    assert all(len(v) == len(auto.SIZES) and min(v) > 0 for v in entry["rates"].values())
+    monkeypatch.setattr(auto, "_cached", None)
+    monkeypatch.setattr(auto, "calibrate", lambda: pytest.fail("measured again"))
+    assert auto.calibration().rates == cal.rates
+
+
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+@pytest.mark.parametrize("block,runs", [(4096, False), (4096, True), (1 << 20, False)])
+@pytest.mark.parametrize("sm_budget", [None, 0])
+def test_auto_copies_are_exact(direction, block, runs, sm_budget):
+    rng = np.random.default_rng(block + runs)
+    host_bytes = rng.integers(0, 256, POOL, dtype=np.uint8)
+    host = torch.from_numpy(host_bytes.copy()).pin_memory()
+    device = torch.from_numpy(rng.integers(0, 256, POOL, dtype=np.uint8)).cuda()
+    device_bytes = device.cpu().numpy()
+    n = (16 << 20) // block
+    h = (np.arange(n) if runs else rng.permutation(POOL // block)[:n]).astype(np.int64) * block
+    g = rng.permutation(POOL // block)[:n].astype(np.int64) * block
+    (dst_tensor, dst_before, src_bytes) = (device, device_bytes, host_bytes) if direction == "h2d" else (host, host_bytes, device_bytes)
+    dst_tensor.fill_(POISON)
+    s, d = (h + host.data_ptr(), g + device.data_ptr()) if direction == "h2d" else (g + device.data_ptr(), h + host.data_ptr())
+    src_off, dst_off = (h, g) if direction == "h2d" else (g, h)
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    result = auto.copy(s, d, np.full(n, block), stream, direction=direction, sm_budget=sm_budget)
+    stream.synchronize()
+    want = np.full(POOL, POISON, np.uint8)
+    for so, do in zip(src_off, dst_off):
+        want[do : do + block] = src_bytes[so : so + block]
+    np.testing.assert_array_equal(dst_tensor.cpu().numpy(), want)
+    if sm_budget == 0:
+        assert result.path in ("batch", "per_copy")
