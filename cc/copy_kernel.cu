@@ -72,6 +72,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+void LaunchCopyKernel(const int64_t* device_src, const int64_t* device_dst,
+                      const int64_t* device_size, int64_t count, int max_ctas,
+                      cudaStream_t stream) {
+  if (count == 0) return;
+  const int64_t warps_needed = (count + kWarpSize - 1) / kWarpSize;
+  const int ctas = static_cast<int>(std::min<int64_t>(max_ctas, warps_needed));
+  CopyPiecesKernel<<<ctas, kThreads, 0, stream>>>(device_src, device_dst, device_size, count);
+}
+
 }  // namespace
 
 int64_t SplitIntoPieces(const CopyBatch& batch, int64_t piece_bytes, std::vector<int64_t>& out) {
@@ -92,16 +101,6 @@ int64_t SplitIntoPieces(const CopyBatch& batch, int64_t piece_bytes, std::vector
   return count;
 }
 
-void LaunchCopyKernel(const int64_t* device_src, const int64_t* device_dst,
-                      const int64_t* device_size, int64_t count, int max_ctas,
-                      cudaStream_t stream) {
-  if (count == 0) return;
-  const int64_t warps_needed = (count + kWarpSize - 1) / kWarpSize;
-  const int ctas = static_cast<int>(std::min<int64_t>(max_ctas, warps_needed));
-  CopyPiecesKernel<<<ctas, kThreads, 0, stream>>>(device_src, device_dst, device_size, count);
-  CheckCuda(cudaGetLastError(), "CopyPiecesKernel launch");
-}
-
 void UploadAndLaunch(const std::vector<int64_t>& pieces, int64_t count, int max_ctas,
                      cudaStream_t stream) {
   if (count == 0) return;
@@ -112,20 +111,21 @@ void UploadAndLaunch(const std::vector<int64_t>& pieces, int64_t count, int max_
   void* host = pinned.Acquire(bytes);
   std::memcpy(host, pieces.data(), bytes);
   void* device = nullptr;
-  cudaError_t status = cudaMallocAsync(&device, bytes, stream);
-  if (status == cudaSuccess) {
+  const cudaError_t allocated = cudaMallocAsync(&device, bytes, stream);
+  cudaError_t status = allocated;
+  if (allocated == cudaSuccess) {
     status = cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream);
+    if (status == cudaSuccess) {
+      const int64_t* d = static_cast<const int64_t*>(device);
+      LaunchCopyKernel(d, d + count, d + 2 * count, count, max_ctas, stream);
+      status = cudaGetLastError();
+    }
+    const cudaError_t freed = cudaFreeAsync(device, stream);
+    if (status == cudaSuccess) status = freed;
   }
   pinned.Release(host, stream);
-  CheckCuda(status, "descriptor upload");
-  const int64_t* d = static_cast<const int64_t*>(device);
-  try {
-    LaunchCopyKernel(d, d + count, d + 2 * count, count, max_ctas, stream);
-  } catch (...) {
-    cudaFreeAsync(device, stream);
-    throw;
-  }
-  CheckCuda(cudaFreeAsync(device, stream), "cudaFreeAsync");
+  CheckCuda(status, allocated == cudaSuccess ? "descriptor upload or copy kernel launch"
+                                             : "cudaMallocAsync (descriptors)");
 }
 
 CopyResult KernelCopy(const CopyBatch& batch, cudaStream_t stream,
