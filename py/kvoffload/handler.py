@@ -81,7 +81,9 @@ class OffloadHandler:
     the whole block). host_buffer: a CPU tensor to use (and page-lock) as the pool
     instead of allocating one; ``pool_bytes`` says how large it must be. method: how
     jobs copy on a GPU ("auto", "batch", "per_copy", "kernel", "staged"; see
-    kvoffload.auto), using at most ``sm_budget`` CTAs (None: no limit).
+    kvoffload.auto), using at most ``sm_budget`` CTAs (None: no limit). With "auto", a
+    machine without a cached calibration is measured here, taking some seconds and
+    1 GiB each of pinned and device memory for the while.
     """
 
     def __init__(self, gpu_tensors: Sequence[Sequence], num_cpu_chunks: int | Sequence[int],
@@ -112,6 +114,8 @@ class OffloadHandler:
         lanes = ["store", "load"] + (["expedited"] if expedited_loads else [])
         if method != "auto" and method not in auto.METHODS:
             raise ValueError(f"method: expected 'auto' or one of {auto.METHODS}, got {method!r}")
+        if on_gpu and method == "auto":
+            auto.calibration()  # loaded, or measured now (seconds) rather than in the first job
         self._lanes = (CudaLanes(torch, device, lanes, method, sm_budget) if on_gpu
                        else HostLanes(lanes))
         self._load_source = MemoryKind.PINNED_HOST if on_gpu else MemoryKind.PAGEABLE_HOST
