@@ -17,48 +17,41 @@ constexpr int kThreads = 1024;
 constexpr int kWarpSize = 32;
 constexpr int kLoadsInFlight = 8;
 
+// One warp copies elements [begin, end), each lane with kLoadsInFlight loads in flight
+// before its first store.
+template <typename T>
+__device__ void WarpCopyElements(const T* src, T* dst, int64_t begin, int64_t end, int lane) {
+  for (int64_t base = begin; base < end; base += kWarpSize * kLoadsInFlight) {
+    T r[kLoadsInFlight];
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const int64_t i = base + k * kWarpSize + lane;
+      if (i < end) r[k] = src[i];
+    }
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const int64_t i = base + k * kWarpSize + lane;
+      if (i < end) dst[i] = r[k];
+    }
+  }
+}
+
 // One warp copies n bytes. Where source and destination share their offset modulo 16,
-// a byte head brings both to 16-byte alignment, the body moves in 16-byte vectors with
-// kLoadsInFlight loads per lane before any store, and a byte tail ends it.
+// a byte head brings both to 16-byte alignment and the body moves in 16-byte vectors;
+// the rest (all of it for misaligned pairs) moves byte by byte.
 __device__ void WarpCopy(const char* src, char* dst, int64_t n, int lane) {
   const uintptr_t s = reinterpret_cast<uintptr_t>(src);
-  const uintptr_t d = reinterpret_cast<uintptr_t>(dst);
   int64_t done = 0;
-  if (((s ^ d) & 15) == 0) {
-    const int64_t head = n < int64_t((16 - (s & 15)) & 15) ? n : int64_t((16 - (s & 15)) & 15);
+  if (((s ^ reinterpret_cast<uintptr_t>(dst)) & 15) == 0) {
+    const int64_t to_boundary = static_cast<int64_t>((16 - (s & 15)) & 15);
+    const int64_t head = n < to_boundary ? n : to_boundary;
     if (lane < head) dst[lane] = src[lane];
-    const int4* vs = reinterpret_cast<const int4*>(src + head);
-    int4* vd = reinterpret_cast<int4*>(dst + head);
     const int64_t vectors = (n - head) >> 4;
-    for (int64_t base = 0; base < vectors; base += kWarpSize * kLoadsInFlight) {
-      int4 r[kLoadsInFlight];
-#pragma unroll
-      for (int k = 0; k < kLoadsInFlight; ++k) {
-        const int64_t i = base + k * kWarpSize + lane;
-        if (i < vectors) r[k] = vs[i];
-      }
-#pragma unroll
-      for (int k = 0; k < kLoadsInFlight; ++k) {
-        const int64_t i = base + k * kWarpSize + lane;
-        if (i < vectors) vd[i] = r[k];
-      }
-    }
+    WarpCopyElements(reinterpret_cast<const int4*>(src + head), reinterpret_cast<int4*>(dst + head),
+                     0, vectors, lane);
     done = head + (vectors << 4);
   }
-  // Misaligned pairs byte by byte, still with kLoadsInFlight loads in flight.
-  for (int64_t base = done; base < n; base += kWarpSize * kLoadsInFlight) {
-    char r[kLoadsInFlight];
-#pragma unroll
-    for (int k = 0; k < kLoadsInFlight; ++k) {
-      const int64_t i = base + k * kWarpSize + lane;
-      if (i < n) r[k] = src[i];
-    }
-#pragma unroll
-    for (int k = 0; k < kLoadsInFlight; ++k) {
-      const int64_t i = base + k * kWarpSize + lane;
-      if (i < n) dst[i] = r[k];
-    }
-  }
+  WarpCopyElements(src, dst, done, n, lane);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -82,6 +75,12 @@ void LaunchCopyKernel(const int64_t* device_src, const int64_t* device_dst,
 }
 
 }  // namespace
+
+void ValidateCtaBudget(int max_ctas) {
+  if (max_ctas < 1) {
+    throw std::invalid_argument("max_ctas: must be >= 1, got " + std::to_string(max_ctas));
+  }
+}
 
 int64_t SplitIntoPieces(const CopyBatch& batch, int64_t piece_bytes, std::vector<int64_t>& out) {
   int64_t count = 0;
@@ -131,9 +130,7 @@ void UploadAndLaunch(const std::vector<int64_t>& pieces, int64_t count, int max_
 CopyResult KernelCopy(const CopyBatch& batch, cudaStream_t stream,
                       const KernelCopyOptions& options) {
   ValidateCopyBatch(batch);
-  if (options.max_ctas < 1) {
-    throw std::invalid_argument("max_ctas: must be >= 1, got " + std::to_string(options.max_ctas));
-  }
+  ValidateCtaBudget(options.max_ctas);
   if (options.piece_bytes < 16) {
     throw std::invalid_argument("piece_bytes: must be >= 16, got " +
                                 std::to_string(options.piece_bytes));

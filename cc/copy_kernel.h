@@ -31,6 +31,9 @@ CopyResult KernelCopy(const CopyBatch& batch, cudaStream_t stream,
 void UploadAndLaunch(const std::vector<int64_t>& pieces, int64_t count, int max_ctas,
                      cudaStream_t stream);
 
+// Throws std::invalid_argument unless max_ctas >= 1.
+void ValidateCtaBudget(int max_ctas);
+
 // Splits copies into pieces of at most piece_bytes (offsets stay aligned to it), as
 // arrays [src..., dst..., size...] of 3 * count entries; returns count.
 int64_t SplitIntoPieces(const CopyBatch& batch, int64_t piece_bytes, std::vector<int64_t>& out);

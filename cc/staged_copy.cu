@@ -166,9 +166,7 @@ CopyResult StagedCopy(const CopyBatch& batch, bool host_is_src, cudaStream_t str
   if (options.slots < 2) {
     throw std::invalid_argument("slots: must be >= 2, got " + std::to_string(options.slots));
   }
-  if (options.max_ctas < 1) {
-    throw std::invalid_argument("max_ctas: must be >= 1, got " + std::to_string(options.max_ctas));
-  }
+  ValidateCtaBudget(options.max_ctas);
   CopyResult result;
   if (batch.count == 0) return result;
   RequireCudaDevice();

@@ -88,7 +88,15 @@ BAD_ARRAYS = {
 }
 
 
-@pytest.mark.parametrize("copy", [kv.host_copy, kv.batch_copy], ids=["host_copy", "batch_copy"])
+def staged_load(src, dst, sizes, **kwargs):
+    return kv.staged_copy(src, dst, sizes, True, **kwargs)
+
+
+ALL_COPIES = {"host_copy": kv.host_copy, "batch_copy": kv.batch_copy, "kernel_copy": kv.kernel_copy,
+              "staged_copy": staged_load}
+
+
+@pytest.mark.parametrize("copy", ALL_COPIES.values(), ids=ALL_COPIES.keys())
 @pytest.mark.parametrize("case", BAD_ARRAYS.keys())
 def test_bad_arrays_raise_naming_the_argument_and_copy_nothing(rng, copy, case):
     change, error, message = BAD_ARRAYS[case]
@@ -117,6 +125,23 @@ def test_bad_batch_options_raise_naming_the_argument(rng, case):
     src, dst = random_bytes(rng, 64), poisoned(64)
     with pytest.raises(error, match=message):
         kv.batch_copy(*_valid_arrays(src, dst), **kwargs)
+    assert (dst == POISON).all()
+
+
+BAD_KERNEL_OPTIONS = [
+    (kv.kernel_copy, dict(max_ctas=0), r"max_ctas: must be >= 1, got 0"),
+    (kv.kernel_copy, dict(piece_bytes=8), r"piece_bytes: must be >= 16, got 8"),
+    (staged_load, dict(max_ctas=-1), r"max_ctas: must be >= 1, got -1"),
+    (staged_load, dict(slot_bytes=1000), r"slot_bytes: must be a multiple of 256 and >= 4096"),
+    (staged_load, dict(slots=1), r"slots: must be >= 2, got 1"),
+]
+
+
+@pytest.mark.parametrize("copy,kwargs,message", BAD_KERNEL_OPTIONS)
+def test_bad_kernel_and_staging_options_raise_naming_the_option(rng, copy, kwargs, message):
+    src, dst = random_bytes(rng, 64), poisoned(64)
+    with pytest.raises(ValueError, match=message):
+        copy(*_valid_arrays(src, dst), **kwargs)
     assert (dst == POISON).all()
 
 
@@ -187,6 +212,15 @@ def test_batch_copy_without_a_gpu_raises_no_cuda_device(rng, stream):
         kv.batch_copy(*_valid_arrays(src, dst), stream=stream)
     assert isinstance(info.value, kv.CudaError)
     assert "cudaErrorInsufficientDriver" in str(info.value) or "cudaErrorNoDevice" in str(info.value)
+    assert (dst == POISON).all()
+
+
+@HOST_ONLY
+@pytest.mark.parametrize("copy", [kv.kernel_copy, staged_load], ids=["kernel_copy", "staged_copy"])
+def test_kernel_and_staged_copies_without_a_gpu_raise_no_cuda_device(rng, copy):
+    src, dst = random_bytes(rng, 64), poisoned(64)
+    with pytest.raises(kv.NoCudaDeviceError, match=r"no CUDA device"):
+        copy(*_valid_arrays(src, dst))
     assert (dst == POISON).all()
 
 
