@@ -23,6 +23,9 @@ void ValidateCopyBatch(const CopyBatch& batch) {
     }
     if (batch.src[i] == 0) throw std::invalid_argument("src" + at + ": null pointer");
     if (batch.dst[i] == 0) throw std::invalid_argument("dst" + at + ": null pointer");
+    // User-space and device addresses are below 2^63; a negative one is a corrupt id.
+    if (batch.src[i] < 0) throw std::invalid_argument("src" + at + ": negative address");
+    if (batch.dst[i] < 0) throw std::invalid_argument("dst" + at + ": negative address");
     if (batch.order != nullptr && !IsSrcAccessOrder(batch.order[i])) {
       throw std::invalid_argument("order" + at + ": " + std::to_string(batch.order[i]) +
                                   " is not a source access order");

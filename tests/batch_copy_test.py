@@ -76,6 +76,7 @@ BAD_ARRAYS = {
     "negative size": (lambda s, d, z: (s, d, np.array([8, 8, -4])), ValueError, r"sizes\[2\]: must be > 0"),
     "null src": (lambda s, d, z: (np.array([s[0], 0, s[2]]), d, z), ValueError, r"src\[1\]: null pointer"),
     "null dst": (lambda s, d, z: (s, np.array([d[0], d[1], 0]), z), ValueError, r"dst\[2\]: null pointer"),
+    "negative src": (lambda s, d, z: (np.array([s[0], -8, s[2]]), d, z), ValueError, r"src\[1\]: negative address"),
     "int32 src": (lambda s, d, z: (s.astype(np.int32), d, z), TypeError, r"src: expected dtype int64"),
     "float sizes": (lambda s, d, z: (s, d, z.astype(np.float64)), TypeError, r"sizes: expected dtype int64"),
     "2-D dst": (lambda s, d, z: (s, d.reshape(3, 1), z), ValueError, r"dst: expected a 1-D array, got 2-D"),

@@ -1,0 +1,116 @@
+"""Hostile inputs to the checked entry points, on host memory between guard pages and
+canaries: each call either raises before copying or copies exactly, and nothing outside
+the caller's buffers changes."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import kvoffload as kv
+from kvoffload.handler import OffloadHandler
+from kvoffload.planner import CPUSpec, GPUSpec, KVLayout, plan_transfer
+from canary import GuardedBuffer
+
+ids = st.one_of(st.integers(-3, 20), st.sampled_from([-(2**63), 2**63 - 1, 2**31, -(2**31)]))
+FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def blocks(buffer, n, block):
+    return buffer.array[: n * block].reshape(n, block)
+
+
+@FUZZ
+@given(st.lists(st.tuples(ids, ids), max_size=12), st.sampled_from([1, 7, 64, 4096]))
+def test_copy_blocks_with_hostile_mappings(pairs, block):
+    src_buf, dst_buf = GuardedBuffer(8 * block), GuardedBuffer(6 * block)
+    src, dst = blocks(src_buf, 8, block), blocks(dst_buf, 6, block)
+    src[:] = np.random.default_rng(block).integers(0, 256, src.shape, dtype=np.uint8)
+    dst[:] = 0xA5
+    mapping = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    valid = (all(0 <= s < 8 and 0 <= d < 6 for s, d in pairs)
+             and len({d for _, d in pairs}) == len(pairs))
+    want = dst.copy()
+    for s, d in pairs if valid else []:
+        want[d] = src[s]
+    try:
+        kv.copy_blocks(src, dst, mapping)
+        assert valid
+    except ValueError as e:
+        assert not valid and "block_mapping[" in str(e)
+    np.testing.assert_array_equal(dst, want)
+    assert src_buf.canaries_intact() and dst_buf.canaries_intact()
+
+
+hostile_arrays = st.one_of(
+    st.lists(ids, max_size=6),
+    st.lists(st.floats(allow_nan=True), min_size=1, max_size=3),
+    st.just("text"), st.just(None), st.just(np.zeros((2, 2), np.int64)),
+    st.just(np.zeros(3, np.int32)), st.just(np.zeros(4, np.int64)[::2]),
+)
+
+
+@FUZZ
+@given(hostile_arrays, hostile_arrays, hostile_arrays)
+def test_pointer_apis_reject_malformed_arrays_before_copying(src, dst, sizes):
+    # Arrays that are malformed, mismatched, or hold null pointers or sizes <= 0 are refused
+    # with a TypeError or ValueError; well-formed raw pointers are not fuzzed here, since
+    # the raw API copies wherever it is told (issue 6 adds registered regions).
+    def well_formed(a):
+        return isinstance(a, list) and all(isinstance(x, int) and -(2**63) <= x < 2**63 for x in a)
+
+    arrays = (src, dst, sizes)
+    if all(map(well_formed, arrays)) and len(set(map(len, arrays))) == 1 and all(
+            s > 0 and d > 0 and z > 0 for s, d, z in zip(*arrays)):
+        return  # an empty batch, or a real copy to arbitrary addresses
+    for copy in (kv.host_copy, kv.batch_copy, kv.kernel_copy):
+        with pytest.raises((TypeError, ValueError)):
+            copy(src, dst, sizes)
+
+
+@FUZZ
+@given(st.lists(ids, max_size=8), st.lists(ids, max_size=6), st.lists(st.integers(-2, 6), min_size=2, max_size=3),
+       st.lists(st.integers(-2, 9), min_size=2, max_size=3), st.sampled_from(["store", "load"]))
+def test_planner_with_hostile_specs_writes_only_inside_the_layout(block_ids, chunk_ids, sizes, firsts, direction):
+    bpc, page = 2, 48
+    gpu_buf, cpu_buf = GuardedBuffer(2 * 2 * 6 * page), GuardedBuffer(2 * 2 * 4 * bpc * page)
+    gpu_bytes = np.random.default_rng(1).integers(0, 256, gpu_buf.array.size, dtype=np.uint8)
+    gpu_buf.array[:] = gpu_bytes
+    cpu_buf.array[:] = 0xA5
+    gpu = [[gpu_buf.array[(2 * g + t) * 6 * page:(2 * g + t + 1) * 6 * page].reshape(6, page) for t in range(2)]
+           for g in range(2)]
+    cpu = [[cpu_buf.array[(2 * g + t) * 4 * bpc * page:(2 * g + t + 1) * 4 * bpc * page].reshape(4, bpc * page)
+            for t in range(2)] for g in range(2)]
+    layout = KVLayout.from_tensors([[torch.from_numpy(a) for a in g] for g in gpu],
+                                   [[torch.from_numpy(a) for a in g] for g in cpu], bpc)
+    try:
+        plan = plan_transfer(layout, GPUSpec(block_ids, sizes, firsts), CPUSpec(chunk_ids))
+    except (TypeError, ValueError):
+        assert cpu_buf.canaries_intact()
+        return
+    gpu_lo, cpu_lo = gpu_buf.array.ctypes.data, cpu_buf.array.ctypes.data
+    for side, lo, n in ((plan.gpu, gpu_lo, gpu_buf.array.size), (plan.cpu, cpu_lo, cpu_buf.array.size)):
+        assert ((side >= lo) & (side + plan.sizes <= lo + n)).all()
+    if plan.descriptors:
+        kv.host_copy(*(plan.store() if direction == "store" else plan.load()))
+    assert gpu_buf.canaries_intact() and cpu_buf.canaries_intact()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(["store", "load"]), st.lists(ids, max_size=5), st.lists(ids, max_size=4),
+                          st.integers(-1, 3)), min_size=1, max_size=6))
+def test_handler_with_hostile_jobs_keeps_working(jobs):
+    gpu = [[torch.zeros((6, 64), dtype=torch.uint8) for _ in range(2)]]
+    handler = OffloadHandler(gpu, 4, 2)
+    submitted = []
+    for i, (direction, block_ids, chunk_ids, first) in enumerate(jobs):
+        try:
+            gpu_spec, cpu_spec = GPUSpec(block_ids, [len(block_ids)], [first]), CPUSpec(chunk_ids)
+            handler.transfer_async(i, *((gpu_spec, cpu_spec) if direction == "store" else (cpu_spec, gpu_spec)))
+            submitted.append(i)
+        except (TypeError, ValueError):
+            pass
+    handler.wait(submitted)
+    results = handler.get_finished()
+    assert sorted(r.job_id for r in results) == submitted and all(r.success for r in results)
+    handler.shutdown()
