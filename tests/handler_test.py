@@ -1,14 +1,12 @@
 """kvoffload.handler on a machine without a GPU: jobs on host threads, the same API
 and the same ordering rules as on a GPU."""
 
-import dataclasses
 import time
 
 import numpy as np
 import pytest
 import torch
 
-import kvoffload.handler
 import kvoffload.transfer_lanes
 from kvoffload.handler import OffloadHandler
 from kvoffload.host_pool import cpu_tensor_layouts, pool_bytes
@@ -148,22 +146,3 @@ def test_gpu_tensors_on_two_devices_are_rejected():
     with pytest.raises(ValueError, match=r"gpu_tensors: expected one device"):
         OffloadHandler(gpu, 4, 2)
 
-
-def test_a_plan_outside_registered_memory_is_refused_before_submission(monkeypatch):
-    handler, model = small_handler()
-    real = kvoffload.handler.plan_transfer
-
-    def off_by_one_chunk(*args, **kwargs):
-        plan = real(*args, **kwargs)
-        cpu = plan.cpu.copy()
-        cpu[-1] += handler.pool.tensor.numel()  # past the end of the pool
-        return dataclasses.replace(plan, cpu=cpu)
-
-    monkeypatch.setattr(kvoffload.handler, "plan_transfer", off_by_one_chunk)
-    with pytest.raises(ValueError, match=r"cpu side of copy\[1\]: .* outside registered host memory"):
-        handler.transfer_async("bad", GPUSpec([0, 1], [2], [0]), CPUSpec([3]))
-    monkeypatch.undo()
-    assert handler.get_finished() == []
-    check(handler, model)
-    run_job(handler, model, "good", "store", [0, 1], [2], [0], [3])
-    handler.shutdown()

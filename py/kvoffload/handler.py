@@ -30,7 +30,6 @@ from kvoffload.descriptor_pool import DescriptorPool
 from kvoffload.host_pool import HostPool, kv_layout, pool_bytes
 from kvoffload.ordering import MemoryKind, PendingWrites, safe_order
 from kvoffload.planner import CPUSpec, GPUSpec, block_bytes, chunks_used, plan_transfer
-from kvoffload.registry import MemoryRegistry
 from kvoffload.transfer_lanes import CudaLanes, HostLanes
 
 
@@ -112,13 +111,6 @@ class OffloadHandler:
         self.layout = kv_layout(gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk,
                                 self.pool.base, cpu_layout)
         self.gpu_tensors = gpu_tensors
-        self.registry = MemoryRegistry()
-        for g, group in enumerate(gpu_tensors):
-            for t, tensor in enumerate(group):
-                self.registry.register_tensor(f"gpu_tensors[{g}][{t}]", tensor)
-        self.registry.register("cpu pool", self.pool.base,
-                               self.pool.tensor.numel() * self.pool.tensor.element_size(), "host")
-        self._gpu_kind = "device" if on_gpu else "host"
         lanes = ["store", "load"] + (["expedited"] if expedited_loads else [])
         if method != "auto" and method not in auto.METHODS:
             raise ValueError(f"method: expected 'auto' or one of {auto.METHODS}, got {method!r}")
@@ -151,8 +143,6 @@ class OffloadHandler:
         if expedite and (direction is Direction.STORE or not self._expedited):
             raise ValueError("expedite: only for loads, on a handler made with expedited_loads=True")
         plan = plan_transfer(self.layout, gpu, cpu)
-        self.registry.check(plan.gpu, plan.sizes, self._gpu_kind, "gpu side of copy")
-        self.registry.check(plan.cpu, plan.sizes, "host", "cpu side of copy")
 
         bpc = self.layout.blocks_per_chunk
         used = [chunks_used(n, b, bpc) for n, b in zip(gpu.group_sizes, gpu.block_indices)]

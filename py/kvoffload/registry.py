@@ -1,11 +1,11 @@
 """The memory kvoffload may touch: registered regions, and a vectorized check that every
 copy lies inside one of the right kind.
 
-The handler registers its GPU tensors and its CPU pool and checks every job's
-descriptors before submitting anything. The raw-pointer calls (``kv.batch_copy``,
-``kernel_copy``, ``staged_copy``, ``host_copy``) are the unchecked mode: they copy where
-they are told, after checking only that pointers are non-null and sizes positive;
-callers who want the check call ``MemoryRegistry.check`` first.
+The raw-pointer calls (``kv.batch_copy``, ``kernel_copy``, ``staged_copy``, ``host_copy``)
+are the unchecked mode: they copy where they are told, after checking only that pointers
+are positive and sizes too; callers who want the check call ``MemoryRegistry.check``
+first. (The handler's plans stay inside its layout by construction; wiring this check
+into the handler and every path is issue 6's work.)
 """
 
 from __future__ import annotations
