@@ -9,7 +9,7 @@ import kvoffload as kv
 import kvoffload.auto
 from kvoffload import _C
 from kvoffload.handler import OffloadHandler
-from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
+from kvoffload.planner import CPUSpec, GPUSpec
 from kv_model import (check, make_handler, multi_group_with_an_empty_and_an_unaligned_group,
                       pool_views, run_job, soak, store_then_load_skipping_first_blocks)
 

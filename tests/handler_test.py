@@ -10,9 +10,9 @@ import torch
 import kvoffload.transfer_lanes
 from kvoffload.handler import OffloadHandler
 from kvoffload.host_pool import cpu_tensor_layouts, pool_bytes
-from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
-from kv_model import (check, make_handler, multi_group_with_an_empty_and_an_unaligned_group, run_job,
-                      soak, store_then_load_skipping_first_blocks)
+from kvoffload.planner import CPUSpec, GPUSpec
+from kv_model import (check, make_handler, multi_group_with_an_empty_and_an_unaligned_group, soak,
+                      store_then_load_skipping_first_blocks)
 
 LAYOUTS = ["chunk_major", "per_tensor"]
 
