@@ -151,3 +151,7 @@ def kvoffload_py_benchmark(name, deps = []):
         tags = ["benchmark"],
         deps = deps + [Label("//py/kvoffload")],
     )
+
+def kvoffload_gpu_test(name, srcs, **kwargs):
+    """A kvoffload_py_test that needs a GPU: tagged gpu (bazel test --config=gpu)."""
+    kvoffload_py_test(name = name, srcs = srcs, size = "medium", tags = ["gpu"], **kwargs)
