@@ -10,6 +10,7 @@
 
 #include "cc/cuda_check.h"
 #include "cc/cuda_error.h"
+#include "cc/driver_symbol.h"
 #include "cc/stream_device.h"
 
 namespace kvoffload {
@@ -22,22 +23,7 @@ static_assert(sizeof(CUdeviceptr) == sizeof(int64_t) && sizeof(size_t) == sizeof
 struct DriverApi {
   PFN_cuMemcpyBatchAsync_v13000 batch_v13000 = nullptr;
   PFN_cuMemcpyBatchAsync_v12080 batch_v12080 = nullptr;  // adds failIdx
-  PFN_cuGetErrorName_v6000 error_name = nullptr;
 };
-
-void* ResolveDriverSymbol(const char* symbol, unsigned int version) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t status =
-      cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found);
-  if (found == cudaDriverEntryPointSymbolNotFound ||
-      found == cudaDriverEntryPointVersionNotSufficent) {
-    cudaGetLastError();  // an absent symbol is an answer, not a pending error
-    return nullptr;
-  }
-  CheckCuda(status, "cudaGetDriverEntryPointByVersion");
-  return fn;
-}
 
 DriverApi ResolveDriverApi() {
   DriverApi api;
@@ -47,8 +33,6 @@ DriverApi ResolveDriverApi() {
     api.batch_v12080 = reinterpret_cast<PFN_cuMemcpyBatchAsync_v12080>(
         ResolveDriverSymbol("cuMemcpyBatchAsync", 12080));
   }
-  api.error_name =
-      reinterpret_cast<PFN_cuGetErrorName_v6000>(ResolveDriverSymbol("cuGetErrorName", 6000));
   return api;
 }
 
@@ -56,15 +40,6 @@ DriverApi ResolveDriverApi() {
 const DriverApi& Driver() {
   static const DriverApi api = ResolveDriverApi();
   return api;
-}
-
-std::string DriverErrorName(CUresult status) {
-  const char* name = nullptr;
-  if (Driver().error_name != nullptr && Driver().error_name(status, &name) == CUDA_SUCCESS &&
-      name != nullptr) {
-    return name;
-  }
-  return "CUresult";
 }
 
 SrcAccessOrder OrderOf(const CopyBatch& batch, int64_t i) {

@@ -1,5 +1,6 @@
 #include "cc/copy_batch.h"
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -26,6 +27,10 @@ void ValidateCopyBatch(const CopyBatch& batch) {
     // User-space and device addresses are below 2^63; a negative one is a corrupt id.
     if (batch.src[i] < 0) throw std::invalid_argument("src" + at + ": negative address");
     if (batch.dst[i] < 0) throw std::invalid_argument("dst" + at + ": negative address");
+    if (batch.size[i] > INT64_MAX - batch.src[i] || batch.size[i] > INT64_MAX - batch.dst[i]) {
+      throw std::invalid_argument("sizes" + at + ": " + std::to_string(batch.size[i]) +
+                                  " bytes run past the end of the address space");
+    }
     if (batch.order != nullptr && !IsSrcAccessOrder(batch.order[i])) {
       throw std::invalid_argument("order" + at + ": " + std::to_string(batch.order[i]) +
                                   " is not a source access order");

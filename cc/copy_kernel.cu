@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cc/cuda_check.h"
+#include "cc/memory_reach.h"
 #include "cc/pinned_buffers.h"
 #include "cc/stream_device.h"
 
@@ -139,6 +140,10 @@ CopyResult KernelCopy(const CopyBatch& batch, cudaStream_t stream,
   if (batch.count == 0) return result;
   RequireCudaDevice();
   StreamDeviceGuard guard(stream);
+  RequireReachable(batch.src, batch.size, batch.count, guard.device(), Reach::kDeviceOrPinnedHost,
+                   "src");
+  RequireReachable(batch.dst, batch.size, batch.count, guard.device(), Reach::kDeviceOrPinnedHost,
+                   "dst");
   result.reason = PathReason::kKernelRequested;
   result.copies = batch.count;
   result.bytes = TotalBytes(batch);

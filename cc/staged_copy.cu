@@ -12,6 +12,7 @@
 #include "cc/batch_copy.h"
 #include "cc/copy_kernel.h"
 #include "cc/cuda_check.h"
+#include "cc/memory_reach.h"
 #include "cc/stream_device.h"
 
 namespace kvoffload {
@@ -171,6 +172,12 @@ CopyResult StagedCopy(const CopyBatch& batch, bool host_is_src, cudaStream_t str
   if (batch.count == 0) return result;
   RequireCudaDevice();
   StreamDeviceGuard guard(stream);
+  const int64_t* host = host_is_src ? batch.src : batch.dst;
+  const int64_t* device = host_is_src ? batch.dst : batch.src;
+  RequireReachable(host, batch.size, batch.count, guard.device(), Reach::kPinnedHost,
+                   host_is_src ? "src" : "dst");
+  RequireReachable(device, batch.size, batch.count, guard.device(), Reach::kDevice,
+                   host_is_src ? "dst" : "src");
   result.reason = PathReason::kStagedRequested;
   result.copies = batch.count;
   result.bytes = TotalBytes(batch);

@@ -7,6 +7,14 @@
 
 namespace kvoffload {
 
+// The device a stream belongs to (the current device for the legacy stream).
+inline int StreamDevice(cudaStream_t stream) {
+  RequireCudaDevice();
+  int device = 0;
+  CheckCuda(cudaStreamGetDevice(stream, &device), "cudaStreamGetDevice");
+  return device;
+}
+
 // Makes the stream's device current, with its primary context, which the driver's
 // batch call and kernel launches need on this thread; restores the caller's device.
 class StreamDeviceGuard {

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import kvoffload as kv
 from kvoffload import auto
 from scatter import POISON
 
@@ -48,9 +49,13 @@ def test_auto_copies_are_exact(direction, block, runs, sm_budget):
     dst_tensor.fill_(POISON)
     s, d = (h + host.data_ptr(), g + device.data_ptr()) if direction == "h2d" else (g + device.data_ptr(), h + host.data_ptr())
     src_off, dst_off = (h, g) if direction == "h2d" else (g, h)
+    registry = kv.MemoryRegistry()
+    registry.register_tensor("host", host)
+    registry.register_tensor("device", device)
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()
-    result = auto.copy(s, d, np.full(n, block), stream, direction=direction, sm_budget=sm_budget)
+    result = auto.copy(s, d, np.full(n, block), stream, direction=direction, sm_budget=sm_budget,
+                       registry=registry)
     stream.synchronize()
     want = np.full(POOL, POISON, np.uint8)
     for so, do in zip(src_off, dst_off):

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import kvoffload as kv
 from kvoffload import auto
 from kvoffload.auto import Calibration, choose, mean_host_run
 
@@ -54,6 +55,6 @@ def test_mean_host_run_counts_ranges_that_follow_each_other_in_order():
 
 def test_bad_method_or_direction_raise_before_copying():
     with pytest.raises(ValueError, match=r"direction: expected 'h2d' or 'd2h'"):
-        auto.copy([1], [2], [3], direction="up", method="batch")
+        auto.copy([1], [2], [3], direction="up", method="batch", registry=kv.UNCHECKED)
     with pytest.raises(ValueError, match=r"method: expected one of"):
-        auto.copy([1], [2], [3], direction="h2d", method="fastest")
+        auto.copy([1], [2], [3], direction="h2d", method="fastest", registry=kv.UNCHECKED)

@@ -51,7 +51,7 @@ def run_copy(rng, direction, sizes, slot, stream_name="created", order=ORDER.STR
     stream = make_stream()
     torch.cuda.synchronize()
     s, d = plan.pointers(src.data_ptr(), dst.data_ptr())
-    result = kv.batch_copy(s, d, plan.sizes, stream=stream, order=order, **kwargs)
+    result = kv.batch_copy(s, d, plan.sizes, stream=stream, order=order, **kwargs, registry=kv.UNCHECKED)
     torch.cuda.synchronize()
     want = plan.expected(src_bytes, np.full(POOL, POISON, dtype=np.uint8))
     np.testing.assert_array_equal(dst.cpu().numpy(), want)
@@ -96,7 +96,7 @@ def test_during_api_call_sources_are_read_before_return(rng, stream_name):
     dst = torch.full((1 << 20,), POISON, dtype=torch.uint8, device="cuda")
     stream = STREAMS[stream_name][0]()
     kv.batch_copy([src.data_ptr()], [dst.data_ptr()], [1 << 20], stream=stream,
-                  order=ORDER.DURING_API_CALL)
+                  order=ORDER.DURING_API_CALL, registry=kv.UNCHECKED)
     src.fill_(0)
     torch.cuda.synchronize()
     np.testing.assert_array_equal(dst.cpu().numpy(), src_bytes)
@@ -145,7 +145,7 @@ def test_copy_blocks_out_of_range_on_gpu_copies_nothing(rng):
 def test_pointer_arrays_on_the_gpu_are_rejected():
     ptrs = torch.zeros(4, dtype=torch.int64, device="cuda")
     with pytest.raises(ValueError, match=r"src: must be in host memory"):
-        kv.batch_copy(ptrs, [1, 2, 3, 4], [1, 1, 1, 1], stream=2)
+        kv.batch_copy(ptrs, [1, 2, 3, 4], [1, 1, 1, 1], stream=2, registry=kv.UNCHECKED)
 
 
 def test_torch_stream_and_cuda_stream_protocol_are_accepted(rng):
@@ -160,7 +160,7 @@ def test_torch_stream_and_cuda_stream_protocol_are_accepted(rng):
         stream = torch.cuda.Stream()
         src = torch.from_numpy(rng.integers(0, 256, 4096, dtype=np.uint8)).pin_memory()
         dst = torch.full((4096,), POISON, dtype=torch.uint8, device="cuda")
-        result = kv.batch_copy([src.data_ptr()], [dst.data_ptr()], [4096], stream=wrap(stream))
+        result = kv.batch_copy([src.data_ptr()], [dst.data_ptr()], [4096], stream=wrap(stream), registry=kv.UNCHECKED)
         stream.synchronize()
         assert result.path == "batch" and torch.equal(dst.cpu(), src)
 

@@ -1,6 +1,8 @@
 """kvoffload.batch_copy on a machine without a GPU: the host path, argument checks,
 path choice, and the no-device error."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -26,7 +28,7 @@ class TestHostCopy:
         src, dst = host_pools(rng, 1 << 20)
         plan = scatter(rng, np.full(50, size), slot=8192, pool_bytes=src.size, misalign=True)
         want = plan.expected(src, dst)
-        result = kv.host_copy(*plan.pointers(src.ctypes.data, dst.ctypes.data), plan.sizes)
+        result = kv.host_copy(*plan.pointers(src.ctypes.data, dst.ctypes.data), plan.sizes, registry=kv.UNCHECKED)
         np.testing.assert_array_equal(dst, want)
         assert (result.path, result.copies, result.bytes) == ("host", 50, 50 * size)
 
@@ -35,7 +37,7 @@ class TestHostCopy:
         plan = scatter(rng, rng.integers(1, 4097, 200), slot=4096, pool_bytes=src.size)
         want = plan.expected(src, dst)
         s, d = plan.pointers(src.ctypes.data, dst.ctypes.data)
-        kv.host_copy(s.tolist(), d.tolist(), plan.sizes.tolist())
+        kv.host_copy(s.tolist(), d.tolist(), plan.sizes.tolist(), registry=kv.UNCHECKED)
         np.testing.assert_array_equal(dst, want)
 
     def test_torch_int64_pointer_arrays(self, rng):
@@ -43,7 +45,7 @@ class TestHostCopy:
         plan = scatter(rng, np.full(10, 64), slot=64, pool_bytes=src.size)
         want = plan.expected(src, dst)
         s, d = plan.pointers(src.ctypes.data, dst.ctypes.data)
-        kv.host_copy(torch.from_numpy(s), torch.from_numpy(d), torch.from_numpy(plan.sizes))
+        kv.host_copy(torch.from_numpy(s), torch.from_numpy(d), torch.from_numpy(plan.sizes), registry=kv.UNCHECKED)
         np.testing.assert_array_equal(dst, want)
 
     @pytest.mark.parametrize("sizes", [[48 << 20], [1 << 20] * 40, [7] * 3 + [40 << 20] + [5] * 3])
@@ -52,13 +54,13 @@ class TestHostCopy:
         src, dst = random_bytes(rng, total), poisoned(total + 64)
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         result = kv.host_copy(offsets + src.ctypes.data, offsets + dst.ctypes.data + 32,
-                              sizes, threads=3)
+                              sizes, threads=3, registry=kv.UNCHECKED)
         assert total >= kv.HOST_THREADING_BYTES and result.driver_calls == 3
         np.testing.assert_array_equal(dst[32 : 32 + total], src)
         assert (dst[:32] == POISON).all() and (dst[32 + total :] == POISON).all()
 
     def test_empty_batch_copies_nothing(self):
-        result = kv.host_copy([], [], [])
+        result = kv.host_copy([], [], [], registry=kv.UNCHECKED)
         assert (result.path, result.copies, result.bytes) == ("none", 0, 0)
 
 
@@ -90,11 +92,13 @@ BAD_ARRAYS = {
 
 
 def staged_load(src, dst, sizes, **kwargs):
-    return kv.staged_copy(src, dst, sizes, True, **kwargs)
+    return kv.staged_copy(src, dst, sizes, True, **kwargs, registry=kv.UNCHECKED)
 
 
-ALL_COPIES = {"host_copy": kv.host_copy, "batch_copy": kv.batch_copy, "kernel_copy": kv.kernel_copy,
-              "staged_copy": staged_load}
+kernel_copy = functools.partial(kv.kernel_copy, registry=kv.UNCHECKED)
+ALL_COPIES = {"host_copy": functools.partial(kv.host_copy, registry=kv.UNCHECKED),
+              "batch_copy": functools.partial(kv.batch_copy, registry=kv.UNCHECKED),
+              "kernel_copy": kernel_copy, "staged_copy": staged_load}
 
 
 @pytest.mark.parametrize("copy", ALL_COPIES.values(), ids=ALL_COPIES.keys())
@@ -125,13 +129,13 @@ def test_bad_batch_options_raise_naming_the_argument(rng, case):
     kwargs, error, message = BAD_BATCH_OPTIONS[case]
     src, dst = random_bytes(rng, 64), poisoned(64)
     with pytest.raises(error, match=message):
-        kv.batch_copy(*_valid_arrays(src, dst), **kwargs)
+        kv.batch_copy(*_valid_arrays(src, dst), **kwargs, registry=kv.UNCHECKED)
     assert (dst == POISON).all()
 
 
 BAD_KERNEL_OPTIONS = [
-    (kv.kernel_copy, dict(max_ctas=0), r"max_ctas: must be >= 1, got 0"),
-    (kv.kernel_copy, dict(piece_bytes=8), r"piece_bytes: must be >= 16, got 8"),
+    (kernel_copy, dict(max_ctas=0), r"max_ctas: must be >= 1, got 0"),
+    (kernel_copy, dict(piece_bytes=8), r"piece_bytes: must be >= 16, got 8"),
     (staged_load, dict(max_ctas=-1), r"max_ctas: must be >= 1, got -1"),
     (staged_load, dict(slot_bytes=1000), r"slot_bytes: must be a multiple of 256 and >= 4096"),
     (staged_load, dict(slots=1), r"slots: must be >= 2, got 1"),
@@ -152,7 +156,7 @@ def test_a_bad_copy_last_in_the_batch_stops_every_copy(rng):
     s, d = plan.pointers(src.ctypes.data, dst.ctypes.data)
     d[-1] = 0
     with pytest.raises(ValueError, match=r"dst\[999\]: null pointer"):
-        kv.host_copy(s, d, plan.sizes)
+        kv.host_copy(s, d, plan.sizes, registry=kv.UNCHECKED)
     assert (dst == POISON).all()
 
 
@@ -210,14 +214,14 @@ def test_a_stream_protocol_that_returns_no_pair_is_a_type_error():
 def test_batch_copy_without_a_gpu_raises_no_cuda_device(rng, stream):
     src, dst = random_bytes(rng, 64), poisoned(64)
     with pytest.raises(kv.NoCudaDeviceError, match=r"no CUDA device") as info:
-        kv.batch_copy(*_valid_arrays(src, dst), stream=stream)
+        kv.batch_copy(*_valid_arrays(src, dst), stream=stream, registry=kv.UNCHECKED)
     assert isinstance(info.value, kv.CudaError)
     assert "cudaErrorInsufficientDriver" in str(info.value) or "cudaErrorNoDevice" in str(info.value)
     assert (dst == POISON).all()
 
 
 @HOST_ONLY
-@pytest.mark.parametrize("copy", [kv.kernel_copy, staged_load], ids=["kernel_copy", "staged_copy"])
+@pytest.mark.parametrize("copy", [kernel_copy, staged_load], ids=["kernel_copy", "staged_copy"])
 def test_kernel_and_staged_copies_without_a_gpu_raise_no_cuda_device(rng, copy):
     src, dst = random_bytes(rng, 64), poisoned(64)
     with pytest.raises(kv.NoCudaDeviceError, match=r"no CUDA device"):

@@ -27,10 +27,13 @@ def run(copy, rng, direction, sizes, slot, misalign, pool_bytes=POOL, **kwargs):
     src_bytes = rng.integers(0, 256, pool_bytes, dtype=np.uint8)
     src, dst = pool(src_where, src_bytes), pool(dst_where, np.full(pool_bytes, POISON, np.uint8))
     plan = scatter(rng, sizes, slot=slot, pool_bytes=pool_bytes, misalign=misalign)
+    registry = kv.MemoryRegistry()
+    registry.register_tensor("src", src)
+    registry.register_tensor("dst", dst)
     stream = torch.cuda.Stream()
     s, d = plan.pointers(src.data_ptr(), dst.data_ptr())
     torch.cuda.synchronize()
-    result = copy(s, d, plan.sizes, stream=stream, **kwargs)
+    result = copy(s, d, plan.sizes, stream=stream, registry=registry, **kwargs)
     stream.synchronize()
     np.testing.assert_array_equal(dst.cpu().numpy(), plan.expected(src_bytes, np.full(pool_bytes, POISON, np.uint8)))
     return result
@@ -85,7 +88,7 @@ def test_staged_host_runs_and_a_job_larger_than_the_ring(direction):
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()
     result = kv.staged_copy(s_off + src.data_ptr(), d_off + dst.data_ptr(), np.full(n, block),
-                            host_is_src=direction == "h2d", stream=stream, slot_bytes=4 << 20, slots=4)
+                            host_is_src=direction == "h2d", stream=stream, slot_bytes=4 << 20, slots=4, registry=kv.UNCHECKED)
     stream.synchronize()
     want = np.full(pool_bytes, POISON, np.uint8)
     idx = (d_off[:, None] + np.arange(block)).ravel()
@@ -104,12 +107,12 @@ def test_staged_and_kernel_copies_follow_stream_order():
         src.fill_(7)
     offsets = np.arange(256, dtype=np.int64) * 4096
     kv.staged_copy(offsets + src.data_ptr(), offsets + host.data_ptr(), np.full(256, 4096),
-                   host_is_src=False, stream=stream)
+                   host_is_src=False, stream=stream, registry=kv.UNCHECKED)
     stream.synchronize()
     assert (host == 7).all()
     with torch.cuda.stream(stream):
         torch.cuda._sleep(1_000_000)
         src.fill_(9)
-    kv.kernel_copy(offsets + src.data_ptr(), offsets + host.data_ptr(), np.full(256, 4096), stream=stream)
+    kv.kernel_copy(offsets + src.data_ptr(), offsets + host.data_ptr(), np.full(256, 4096), stream=stream, registry=kv.UNCHECKED)
     stream.synchronize()
     assert (host == 9).all()

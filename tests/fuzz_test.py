@@ -65,7 +65,7 @@ def test_pointer_apis_reject_malformed_arrays_before_copying(src, dst, sizes):
         return  # an empty batch, or a real copy to arbitrary addresses
     for copy in (kv.host_copy, kv.batch_copy, kv.kernel_copy):
         with pytest.raises((TypeError, ValueError)):
-            copy(src, dst, sizes)
+            copy(src, dst, sizes, registry=kv.UNCHECKED)
 
 
 @FUZZ
@@ -92,7 +92,7 @@ def test_planner_with_hostile_specs_writes_only_inside_the_layout(block_ids, chu
     for side, lo, n in ((plan.gpu, gpu_lo, gpu_buf.array.size), (plan.cpu, cpu_lo, cpu_buf.array.size)):
         assert ((side >= lo) & (side + plan.sizes <= lo + n)).all()
     if plan.descriptors:
-        kv.host_copy(*(plan.store() if direction == "store" else plan.load()))
+        kv.host_copy(*(plan.store() if direction == "store" else plan.load()), registry=kv.UNCHECKED)
     assert gpu_buf.canaries_intact() and cpu_buf.canaries_intact()
 
 

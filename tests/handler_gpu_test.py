@@ -10,7 +10,7 @@ import kvoffload.auto
 from kvoffload import _C
 from kvoffload.handler import OffloadHandler
 from kvoffload.planner import CPUSpec, GPUSpec
-from kv_model import (check, make_handler, multi_group_with_an_empty_and_an_unaligned_group,
+from kv_model import (a_failure_mid_job_fails_that_job_only, check, copy_half_then_fail, make_handler, multi_group_with_an_empty_and_an_unaligned_group,
                       pool_views, run_job, soak, store_then_load_skipping_first_blocks)
 
 SLEEP_CYCLES = 200_000  # keeps the compute stream busy for ~0.1 ms
@@ -87,21 +87,14 @@ def test_a_soak_of_mixed_jobs_loses_nothing(method):
     handler.shutdown()
 
 
-def test_a_cuda_failure_fails_that_job_only(monkeypatch):
+@pytest.mark.parametrize("method", ["batch", "kernel", "staged"])
+def test_a_cuda_failure_mid_job_fails_that_job_only(monkeypatch, method):
     handler, model = make_handler(np.random.default_rng(6), [1024], [2], num_blocks=16, num_chunks=8,
-                                  bpc=2, cpu_layout="chunk_major", device="cuda")
-    real = kvoffload.auto.run_method
-
-    def fail_once(*args, **kwargs):
-        monkeypatch.setattr(kvoffload.auto, "run_method", real)
-        raise kv.CudaError("cuMemcpyBatchAsync: CUDA_ERROR_INVALID_VALUE (1): injected")
-
-    monkeypatch.setattr(kvoffload.auto, "run_method", fail_once)
-    assert not handler.transfer_async("bad", GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
-    (result,) = handler.get_finished()
-    assert not result.success and "CUDA_ERROR_INVALID_VALUE" in result.error
-    run_job(handler, model, "good", "store", [2, 3], [2], [0], [1])
-    check(handler, model)
+                                  bpc=2, cpu_layout="chunk_major", device="cuda", method=method)
+    failing, arm = copy_half_then_fail(
+        kvoffload.auto.copy, kv.CudaError("cuMemcpyBatchAsync: CUDA_ERROR_LAUNCH_FAILED: injected"))
+    monkeypatch.setattr(kvoffload.auto, "copy", failing)
+    a_failure_mid_job_fails_that_job_only(handler, model, arm)
     handler.shutdown()
 
 

@@ -1,8 +1,6 @@
 """kvoffload.handler on a machine without a GPU: jobs on host threads, the same API
 and the same ordering rules as on a GPU."""
 
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -11,7 +9,7 @@ import kvoffload.transfer_lanes
 from kvoffload.handler import OffloadHandler
 from kvoffload.host_pool import cpu_tensor_layouts, pool_bytes
 from kvoffload.planner import CPUSpec, GPUSpec
-from kv_model import (check, make_handler, multi_group_with_an_empty_and_an_unaligned_group, soak,
+from kv_model import (a_failure_mid_job_fails_that_job_only, check, copy_half_then_fail, make_handler, multi_group_with_an_empty_and_an_unaligned_group, soak,
                       store_then_load_skipping_first_blocks)
 
 LAYOUTS = ["chunk_major", "per_tensor"]
@@ -104,34 +102,12 @@ def test_bad_jobs_raise_before_anything_is_submitted():
             call()
 
 
-def test_a_failed_job_is_reported_and_the_handler_keeps_working(monkeypatch):
-    handler, model = small_handler()
-    real = kvoffload.transfer_lanes.host_copy
-
-    def failing_once(src, dst, sizes):
-        if failing_once.armed:
-            failing_once.armed = False
-            time.sleep(0.05)
-            raise OSError("injected copy failure")
-        return real(src, dst, sizes)
-
-    failing_once.armed = True
-    monkeypatch.setattr(kvoffload.transfer_lanes, "host_copy", failing_once)
-    handler.transfer_async("bad", GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
-    # This load reads the chunk the failed store should have written: it fails too.
-    handler.transfer_async("dependent", CPUSpec([0]), GPUSpec([4, 5], [2], [0]))
-    handler.transfer_async("good", GPUSpec([2, 3], [2], [0]), CPUSpec([1]))
-    handler.wait(["bad", "dependent", "good"])
-    results = {r.job_id: r for r in handler.get_finished()}
-    assert not results["bad"].success and "injected copy failure" in results["bad"].error
-    assert not results["dependent"].success and "depends on failed" in results["dependent"].error
-    assert results["good"].success
-    model.store([2, 3], [2], [0], [1])
-    check(handler, model)
-    assert handler.transfer_async("after", CPUSpec([1]), GPUSpec([6, 7], [2], [0]))
-    handler.wait(["after"])
-    model.load([6, 7], [2], [0], [1])
-    check(handler, model)
+def test_a_failure_mid_job_fails_that_job_only(monkeypatch):
+    handler, model = make_handler(np.random.default_rng(6), [512], [2], num_blocks=16, num_chunks=8,
+                                  bpc=2, cpu_layout="chunk_major")
+    failing, arm = copy_half_then_fail(kvoffload.transfer_lanes.host_copy, OSError("injected failure"))
+    monkeypatch.setattr(kvoffload.transfer_lanes, "host_copy", failing)
+    a_failure_mid_job_fails_that_job_only(handler, model, arm)
     handler.shutdown()
 
 

@@ -165,3 +165,53 @@ def soak(handler, model, rng, jobs, max_in_flight):
     check(handler, model)
     assert sorted(r.job_id for r in results) == submitted and all(r.success for r in results)
     return allocated
+
+
+def a_failure_mid_job_fails_that_job_only(handler, model, arm_failure):
+    """A store fails after copying half its bytes (``arm_failure()`` makes the next copy
+    call do that). The failure is reported, other jobs complete, loads of the chunks it
+    left partial fail without copying until a store rewrites them, and then all is well."""
+    run_job(handler, model, "first", "store", [0, 1, 2, 3], [4], [0], [0, 1])
+    arm_failure()
+    handler.transfer_async("bad", GPUSpec([4, 5, 6, 7], [4], [0]), CPUSpec([0, 1]))
+    assert handler.transfer_async("other", GPUSpec([8, 9], [2], [0]), CPUSpec([2]))
+    handler.transfer_async("reader", CPUSpec([0, 1]), GPUSpec([12, 13, 14, 15], [4], [0]))
+    handler.wait(["bad", "other", "reader"])
+    results = {r.job_id: r for r in handler.get_finished()}
+    assert not results["bad"].success and "injected" in results["bad"].error
+    assert not results["reader"].success
+    assert results["other"].success
+    model.store([8, 9], [2], [0], [2])
+    assert not handler.transfer_async("later", CPUSpec([1]), GPUSpec([14, 15], [2], [0]))
+    (later,) = handler.get_finished()
+    assert not later.success and "left partial by failed store 'bad'" in later.error
+    check_gpu_and_chunks(handler, model, chunks=[2, 3, 4, 5, 6, 7])
+    run_job(handler, model, "rewrite", "store", [10, 11, 12, 13], [4], [0], [0, 1])
+    run_job(handler, model, "again", "load", [4, 5, 6, 7], [4], [0], [0, 1])
+
+
+def check_gpu_and_chunks(handler, model, chunks):
+    """Every GPU block, and these CPU chunks, equal the model's."""
+    views = pool_views(handler, handler.pool.tensor.numpy())
+    for g, group in enumerate(handler.gpu_tensors):
+        page = handler.layout.groups[g].tensors[0].page_bytes
+        for t, tensor in enumerate(group):
+            np.testing.assert_array_equal(views[g][t][chunks], model.cpu[g][t][chunks])
+            np.testing.assert_array_equal(gpu_pages(tensor, page), model.gpu[g][t])
+
+
+def copy_half_then_fail(copy, error):
+    """Wraps ``copy(src, dst, sizes, ...)``: once armed, its next call copies the first half
+    of the copies and raises ``error``. Returns (wrapper, arm)."""
+    armed = []
+
+    def wrapper(*args, **kwargs):
+        if not armed:
+            return copy(*args, **kwargs)
+        armed.clear()
+        src, dst, sizes = (np.asarray(a) for a in args[:3])
+        half = len(sizes) // 2
+        copy(src[:half], dst[:half], sizes[:half], *args[3:], **kwargs)
+        raise error
+
+    return wrapper, lambda: armed.append(True)

@@ -17,6 +17,7 @@
 #include "cc/host_copy.h"
 #include "cc/host_memory.h"
 #include "cc/staged_copy.h"
+#include "cc/stream_device.h"
 
 namespace nb = nanobind;
 
@@ -280,6 +281,7 @@ struct BlockTensor {
   }
 
   bool on_host() const { return array.device_type() == nb::device::cpu::value; }
+  bool on_gpu() const { return !IsCpuDevice(array.device_type()); }
   int64_t Address(int64_t block) const { return base + block * stride_bytes; }
 
   std::string name;
@@ -301,6 +303,17 @@ void CheckSameBlocks(const BlockTensor& src, const BlockTensor& dst) {
     if (src.array.shape(d) != dst.array.shape(d)) {
       throw nb::value_error(("dst: shape differs from src's in dim " + std::to_string(d)).c_str());
     }
+  }
+}
+
+// A GPU tensor must be on the stream's device.
+void RequireStreamDevice(const BlockTensor& tensor, cudaStream_t stream) {
+  if (!tensor.on_gpu()) return;
+  const int device = StreamDevice(stream);
+  if (tensor.array.device_id() != device) {
+    throw nb::value_error(("stream: is on device " + std::to_string(device) + " but " +
+                           tensor.name + " is on device " + std::to_string(tensor.array.device_id()))
+                              .c_str());
   }
 }
 
@@ -346,10 +359,13 @@ CopyResult PyCopyBlocks(nb::handle src_obj, nb::handle dst_obj, nb::handle mappi
   if (src.on_host() && dst.on_host()) {
     return RunHostCopy(CopyBatch{src_ptr.data(), dst_ptr.data(), sizes.data(), count}, 0);
   }
+  const cudaStream_t s = ToStream(stream);
+  RequireStreamDevice(src, s);
+  RequireStreamDevice(dst, s);
   const std::vector<uint8_t> orders = ToOrders(order, count);
   return RunBatchCopy(
       CopyBatch{src_ptr.data(), dst_ptr.data(), sizes.data(), count, orders.data()},
-      ToStream(stream), BatchCopyOptions{max_copies_per_call, false});
+      s, BatchCopyOptions{max_copies_per_call, false});
 }
 
 }  // namespace
@@ -407,6 +423,9 @@ NB_MODULE(_C, m) {
         return nb::make_tuple(PathName(PathFor(reason)), ReasonText(reason));
       },
       nb::arg("stream").none(), nb::arg("batch_entry_point"), nb::arg("per_copy") = false);
+  m.def(
+      "stream_device", [](nb::handle stream) { return StreamDevice(ToStream(stream)); },
+      nb::arg("stream").none());
   m.def("batch_entry_point_version", &BatchEntryPointVersion);
   m.def(
       "host_register",

@@ -13,10 +13,14 @@ from kvoffload.batch_copy import (
     host_copy,
     kernel_copy,
     staged_copy,
+    stream_device,
 )
+from kvoffload.registry import UNCHECKED, MemoryRegistry
 
 __all__ = [
     "HOST_THREADING_BYTES",
+    "UNCHECKED",
+    "MemoryRegistry",
     "CopyResult",
     "CudaError",
     "NoCudaDeviceError",
@@ -28,4 +32,5 @@ __all__ = [
     "host_copy",
     "kernel_copy",
     "staged_copy",
+    "stream_device",
 ]

@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from kvoffload.batch_copy import CopyResult, SrcAccessOrder, batch_copy, kernel_copy, staged_copy
+from kvoffload.registry import UNCHECKED
 
 METHODS = ("per_copy", "batch", "kernel", "staged")
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20]
@@ -61,15 +62,16 @@ def machine_key() -> str:
     return f"{torch.cuda.get_device_name()} | driver {driver} | {link}"
 
 
-def run_method(method, src, dst, sizes, stream, direction, order=SrcAccessOrder.STREAM):
+def run_method(method, src, dst, sizes, stream, direction, order=SrcAccessOrder.STREAM, *, registry):
     if method == "per_copy":
-        return batch_copy(src, dst, sizes, stream, order=order, per_copy=True)
+        return batch_copy(src, dst, sizes, stream, order=order, per_copy=True, registry=registry)
     if method == "batch":
-        return batch_copy(src, dst, sizes, stream, order=order)
+        return batch_copy(src, dst, sizes, stream, order=order, registry=registry)
     if method == "kernel":
-        return kernel_copy(src, dst, sizes, stream, max_ctas=KERNEL_CTAS)
+        return kernel_copy(src, dst, sizes, stream, max_ctas=KERNEL_CTAS, registry=registry)
     if method == "staged":
-        return staged_copy(src, dst, sizes, direction == "h2d", stream, max_ctas=STAGED_CTAS)
+        return staged_copy(src, dst, sizes, direction == "h2d", stream, max_ctas=STAGED_CTAS,
+                           registry=registry)
     raise ValueError(f"method: expected one of {METHODS} or 'auto', got {method!r}")
 
 
@@ -115,7 +117,8 @@ def calibrate(moved: int = 256 << 20, pool: int = 1 << 30) -> Calibration:
                     for _ in range(2):
                         torch.cuda.synchronize()
                         start = time.perf_counter()
-                        run_method(method, s, d, sizes, stream, direction)
+                        # Addresses made above inside its own buffers.
+                        run_method(method, s, d, sizes, stream, direction, registry=UNCHECKED)
                         stream.synchronize()
                         best = min(best, time.perf_counter() - start)
                     table.append(moved / best / 1e9)
@@ -168,11 +171,12 @@ def choose(cal: Calibration, direction: str, copy_bytes: float, host_run_bytes: 
 
 
 def copy(src, dst, sizes, stream=None, *, direction: str, method: str = "auto",
-         sm_budget: int | None = None, order=SrcAccessOrder.STREAM) -> CopyResult:
+         sm_budget: int | None = None, order=SrcAccessOrder.STREAM, registry) -> CopyResult:
     """Copies with ``method``; "auto" picks one from the calibration (see the module doc).
 
     ``direction``: "h2d" or "d2h". ``order`` applies to the batch and per-copy methods;
-    the kernel and staged copies read in stream order.
+    the kernel and staged copies read in stream order. ``registry``: as for
+    kvoffload.batch_copy.
     """
     if direction not in ("h2d", "d2h"):
         raise ValueError(f"direction: expected 'h2d' or 'd2h', got {direction!r}")
@@ -181,7 +185,7 @@ def copy(src, dst, sizes, stream=None, *, direction: str, method: str = "auto",
         host = np.asarray(src if direction == "h2d" else dst, dtype=np.int64)
         mean = float(sizes.mean()) if len(sizes) else 0.0
         method, _ = choose(calibration(), direction, mean, mean_host_run(host, sizes), sm_budget)
-    return run_method(method, src, dst, sizes, stream, direction, order)
+    return run_method(method, src, dst, sizes, stream, direction, order, registry=registry)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Batch copies between GPU and host memory: the Python face of ``kvoffload._C``.
 
 Pointer arrays are 1-D int64 arrays in host memory (numpy, torch) or sequences of
-ints. ``stream`` is None (the legacy default stream), an int handle, or a stream
+ints. The pointer calls take ``registry``: a kvoffload.MemoryRegistry that every copy
+must lie inside (checked before anything is copied, ValueError naming the copy and the
+region it missed), or ``kvoffload.UNCHECKED`` to copy wherever the pointers say. ``stream`` is None (the legacy default stream), an int handle, or a stream
 object (``__cuda_stream__`` or ``cuda_stream``, as torch.cuda.Stream has). Every
 argument is checked before anything is copied; a bad one raises TypeError or
 ValueError naming it, and a failing CUDA call raises CudaError with the CUDA error
@@ -13,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Sequence, Union
 
 from kvoffload import _C
+from kvoffload.registry import check_copies
 
 CudaError = _C.CudaError
 NoCudaDeviceError = _C.NoCudaDeviceError
@@ -32,6 +35,8 @@ def batch_copy(
     order: Orders = SrcAccessOrder.STREAM,
     max_copies_per_call: int = 0,
     per_copy: bool = False,
+    *,
+    registry,
 ) -> CopyResult:
     """Enqueues ``sizes[i]`` bytes from ``src[i]`` to ``dst[i]`` on ``stream``.
 
@@ -42,6 +47,7 @@ def batch_copy(
     ANY is safe only when nothing in flight writes the source. ``max_copies_per_call``
     splits the batch into driver calls of at most that many copies (0: one call).
     """
+    check_copies(registry, src, dst, sizes)
     return _C.batch_copy(src, dst, sizes, stream, order, max_copies_per_call, per_copy)
 
 
@@ -52,13 +58,17 @@ def kernel_copy(
     stream: Stream = None,
     max_ctas: int = 8,
     piece_bytes: int = 64 << 10,
+    *,
+    registry,
 ) -> CopyResult:
     """Copies with an SM kernel of at most ``max_ctas`` CTAs of 1024 threads.
 
-    Both ends of every copy must be device memory or page-locked host memory (it is read
-    through the GPU's mapping, over PCIe). Copies over ``piece_bytes`` are split so warps
-    share them. Descriptors reach the GPU in stream order.
+    Both ends of every copy must be memory of the stream's device or page-locked host
+    memory (read through the GPU's mapping, over PCIe); pageable host memory is refused
+    with a ValueError. Copies over ``piece_bytes`` are split so warps share them.
+    Descriptors reach the GPU in stream order.
     """
+    check_copies(registry, src, dst, sizes)
     return _C.kernel_copy(src, dst, sizes, stream, max_ctas, piece_bytes)
 
 
@@ -71,22 +81,29 @@ def staged_copy(
     slot_bytes: int = 16 << 20,
     slots: int = 4,
     max_ctas: int = 8,
+    *,
+    registry,
 ) -> CopyResult:
     """Copies between scattered device blocks and host memory in large runs, through a
     device staging ring: DMA of the host runs, plus a gather or scatter kernel.
 
     ``host_is_src``: a load (host -> device); else a store. The ring has ``slots`` slots
-    of ``slot_bytes``; slices pipeline, and any batch size wraps around the ring.
+    of ``slot_bytes``; slices pipeline, and any batch size wraps around the ring. The
+    host side must be page-locked, the device side the stream's device's (ValueError).
     """
+    host, device = ("host", "device") if host_is_src else ("device", "host")
+    check_copies(registry, src, dst, sizes, host, device)
     return _C.staged_copy(src, dst, sizes, host_is_src, stream, slot_bytes, slots, max_ctas)
 
 
-def host_copy(src: Int64Array, dst: Int64Array, sizes: Int64Array, threads: int = 0) -> CopyResult:
+def host_copy(src: Int64Array, dst: Int64Array, sizes: Int64Array, threads: int = 0, *,
+              registry) -> CopyResult:
     """Copies host memory to host memory with memcpy; needs no GPU.
 
     Batches of at least ``HOST_THREADING_BYTES`` are split over ``threads`` threads
     (0: the core count, at most 8). Ranges must not overlap.
     """
+    check_copies(registry, src, dst, sizes, "host", "host")
     return _C.host_copy(src, dst, sizes, threads)
 
 
@@ -104,9 +121,16 @@ def copy_blocks(
     of one dtype and equal shape past dim 0; a block is one index of dim 0 and must be
     contiguous. ``block_mapping`` is an ``[N, 2]`` int64 host array. Every block id is
     bounds-checked and no destination block may appear twice. Two host tensors take
-    the host path; otherwise the copies go through ``batch_copy``.
+    the host path; otherwise the copies go through ``batch_copy``. The tensors are the
+    registered memory here: no copy leaves them. A CUDA tensor must be on the stream's
+    device.
     """
     return _C.copy_blocks(src, dst, block_mapping, stream, order, max_copies_per_call)
+
+
+def stream_device(stream: Stream) -> int:
+    """The CUDA device ``stream`` belongs to."""
+    return _C.stream_device(stream)
 
 
 def device_path(stream: Stream, batch_entry_point: bool, per_copy: bool = False) -> tuple[str, str]:

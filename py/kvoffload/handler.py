@@ -12,7 +12,14 @@ Safety by construction:
   or CPU chunks, where either writes them;
 - a load reads its chunks with ANY only when no store in flight writes any of them;
   otherwise it waits for that store and reads in stream order (kvoffload.ordering);
-- jobs of one lane run in submission order.
+- jobs of one lane run in submission order;
+- every copy of every job lies inside the GPU tensors or the pool (``registry``),
+  checked before the job is submitted.
+
+Failures: a job whose copying fails (a CUDA error part way) is reported failed once the
+copies it enqueued are done; other jobs and the handler go on. The CPU chunks a failed
+store wrote are marked partial: a load of them fails, without copying, until a store
+rewrites them. The GPU blocks of a failed load are the caller's to recompute.
 Without a GPU (CPU tensors) the same jobs run on host threads with the host copy path.
 """
 
@@ -25,11 +32,11 @@ from typing import Hashable, Iterable, Sequence
 import numpy as np
 
 from kvoffload import auto
-from kvoffload.batch_copy import CudaError
 from kvoffload.descriptor_pool import DescriptorPool
 from kvoffload.host_pool import HostPool, kv_layout, pool_bytes
 from kvoffload.ordering import MemoryKind, PendingWrites, safe_order
 from kvoffload.planner import CPUSpec, GPUSpec, block_bytes, chunks_used, plan_transfer
+from kvoffload.registry import MemoryRegistry
 from kvoffload.transfer_lanes import CudaLanes, HostLanes
 
 
@@ -57,6 +64,11 @@ class _Job:
     cpu_keys: np.ndarray  # (group << 40) | chunk id
     descriptors: np.ndarray
     handle: object
+    seq: int = 0  # submission number
+
+    @property
+    def writes_cpu(self) -> bool:
+        return self.direction is Direction.STORE
 
     def conflicts_with(self, other: "_Job") -> bool:
         """Whether the two jobs touch the same bytes and one of them writes them."""
@@ -111,6 +123,14 @@ class OffloadHandler:
         self.layout = kv_layout(gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk,
                                 self.pool.base, cpu_layout)
         self.gpu_tensors = gpu_tensors
+        self.registry = MemoryRegistry()
+        for g, group in enumerate(gpu_tensors):
+            for i, t in enumerate(group):
+                if t.numel():
+                    self.registry.register_tensor(f"gpu_tensors[{g}][{i}]", t)
+        if self.pool.nbytes:
+            self.registry.register("host pool", self.pool.base, self.pool.nbytes, "host")
+        self._gpu_kind = "device" if on_gpu else "host"
         lanes = ["store", "load"] + (["expedited"] if expedited_loads else [])
         if method != "auto" and method not in auto.METHODS:
             raise ValueError(f"method: expected 'auto' or one of {auto.METHODS}, got {method!r}")
@@ -122,14 +142,18 @@ class OffloadHandler:
         self._expedited = expedited_loads
         self._descriptors = DescriptorPool()
         self._in_flight: dict[Hashable, _Job] = {}
+        self._chunk_writer: dict[int, int] = {}  # cpu key -> sequence number of its last store
+        self._failed_stores: dict[int, Hashable] = {}  # sequence number -> job id
+        self._submitted = 0
         self._finished: list[TransferResult] = []
         self._closed = False
 
     def transfer_async(self, job_id: Hashable, src_spec: GPUSpec | CPUSpec,
                        dst_spec: GPUSpec | CPUSpec, expedite: bool = False) -> bool:
-        """Plans and submits a job and returns at once: True if submitted, False if CUDA
-        refused it (get_finished() then reports it failed). Raises before submitting
-        anything on a reused job id, specs that do not fit the layout, or after shutdown."""
+        """Plans and submits a job and returns at once: True if submitted, False if it
+        failed at once (a load of partial chunks; get_finished() reports it). Raises
+        before submitting anything on a reused job id, specs that do not fit the layout
+        or copies outside the registered memory, or after shutdown."""
         self._check_open()
         if job_id in self._in_flight or any(r.job_id == job_id for r in self._finished):
             raise ValueError(f"job_id: {job_id!r} is already in use")
@@ -160,17 +184,30 @@ class OffloadHandler:
             order = safe_order(self._load_source, MemoryKind.DEVICE,
                                PendingWrites.YES if pending else PendingWrites.NO)
 
+        if direction is Direction.STORE:
+            self.registry.check_copies(src, dst, sizes, self._gpu_kind, "host")
+        else:
+            self.registry.check_copies(src, dst, sizes, "host", self._gpu_kind)
+            partial = [self._failed_stores[w] for w in map(self._chunk_writer.get, job.cpu_keys.tolist())
+                       if w in self._failed_stores]
+            if partial:
+                self._finished.append(TransferResult(
+                    job_id, False, direction, job.bytes, 0.0,
+                    f"reads CPU chunks left partial by failed store {partial[0]!r}; nothing copied"))
+                return False
+
         job.descriptors = self._descriptors.acquire(src, dst, sizes)
         n = len(sizes)
-        try:
-            job.handle = self._lanes.submit(
-                job.lane, "d2h" if direction is Direction.STORE else "h2d", job.descriptors[0, :n],
-                job.descriptors[1, :n], job.descriptors[2, :n], order, [w.handle for w in waits])
-        except CudaError as e:
-            self._descriptors.release(job.descriptors)
-            self._finished.append(TransferResult(job_id, False, direction, job.bytes, 0.0, str(e)))
-            return False
+        job.handle = self._lanes.submit(
+            job.lane, "d2h" if direction is Direction.STORE else "h2d", job.descriptors[0, :n],
+            job.descriptors[1, :n], job.descriptors[2, :n], order, [w.handle for w in waits])
+        self._submitted += 1
+        job.seq = self._submitted
         self._in_flight[job_id] = job
+        if job.writes_cpu:
+            self._chunk_writer.update(dict.fromkeys(job.cpu_keys.tolist(), job.seq))
+        if self._lanes.submit_error(job.handle) is not None:
+            self._note_failure(job_id, job)
         return True
 
     def get_finished(self) -> list[TransferResult]:
@@ -207,8 +244,14 @@ class OffloadHandler:
                 seconds, error = self._lanes.finish(job.handle)
                 self._descriptors.release(job.descriptors)
                 del self._in_flight[job_id]
+                if error is not None:
+                    self._note_failure(job_id, job)
                 self._finished.append(
                     TransferResult(job_id, error is None, job.direction, job.bytes, seconds, error))
+
+    def _note_failure(self, job_id: Hashable, job: _Job) -> None:
+        if job.writes_cpu:
+            self._failed_stores[job.seq] = job_id
 
     def _check_open(self) -> None:
         if self._closed:

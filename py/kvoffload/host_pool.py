@@ -81,6 +81,7 @@ class HostPool:
 
     def __init__(self, torch, nbytes: int, buffer=None, pinned: bool = True):
         self._registered = False
+        self.nbytes = nbytes
         if buffer is None:
             self.tensor = self._allocate(torch, nbytes, pinned)
         else:

@@ -1,16 +1,26 @@
 """Where transfer jobs run: CUDA streams on a GPU, or host threads without one.
 
 A lane runs its jobs in submission order; a job can also wait for jobs of other lanes.
-Both kinds measure each job's time from its first to its last byte moved.
+Both kinds measure each job's time from its first to its last byte moved. Lanes copy
+unchecked: the handler checks every job against its registry before submitting it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import time
 
 from kvoffload import auto
-from kvoffload.batch_copy import host_copy
+from kvoffload.batch_copy import CudaError, host_copy
+from kvoffload.registry import UNCHECKED
+
+
+@dataclasses.dataclass
+class _CudaJob:
+    start: object  # CUDA events around the job's copies
+    end: object
+    error: str | None  # set when submitting failed part way
 
 
 class CudaLanes:
@@ -31,30 +41,40 @@ class CudaLanes:
         stream = self._streams[lane]
         stream.wait_stream(self._torch.cuda.current_stream(self._device))
         for other in waits:
-            stream.wait_event(other[1])
+            stream.wait_event(other.end)
         events = self._events.pop() if self._events else tuple(
             self._torch.cuda.Event(enable_timing=True) for _ in range(2))
         events[0].record(stream)
+        error = None
         try:
             auto.copy(src, dst, sizes, stream, direction=direction, method=self._method,
-                      sm_budget=self._sm_budget, order=order)
+                      sm_budget=self._sm_budget, order=order, registry=UNCHECKED)
+        except CudaError as e:
+            # Copies enqueued before the failure still run: the job stays in flight
+            # until they are done, so jobs that depend on it wait for them.
+            error = f"CudaError: {e}"
         except Exception:
             self._events.append(events)
             raise
         events[1].record(stream)
-        return events
+        return _CudaJob(*events, error)
+
+    @staticmethod
+    def submit_error(handle) -> str | None:
+        """Why submitting the job failed part way, or None."""
+        return handle.error
 
     def done(self, handle) -> bool:
-        return handle[1].query()
+        return handle.end.query()
 
     def wait(self, handle) -> None:
-        handle[1].synchronize()
+        handle.end.synchronize()
 
     def finish(self, handle) -> tuple[float, str | None]:
-        """(seconds, error) of a done job; its handle may be reused afterwards."""
-        seconds = handle[0].elapsed_time(handle[1]) / 1e3
-        self._events.append(handle)
-        return seconds, None
+        """(seconds, error) of a done job; its events may be reused afterwards."""
+        seconds = handle.start.elapsed_time(handle.end) / 1e3
+        self._events.append((handle.start, handle.end))
+        return seconds, handle.error
 
     def close(self) -> None:
         for stream in self._streams.values():
@@ -78,8 +98,13 @@ class HostLanes:
             if other.exception() is not None:
                 raise RuntimeError(f"depends on failed job: {other.exception()}")
         start = time.perf_counter()
-        host_copy(src, dst, sizes)
+        host_copy(src, dst, sizes, registry=UNCHECKED)
         return time.perf_counter() - start
+
+    @staticmethod
+    def submit_error(handle) -> str | None:
+        del handle  # a host job fails only as it runs
+        return None
 
     def done(self, handle) -> bool:
         return handle.done()
