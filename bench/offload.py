@@ -8,6 +8,10 @@ Caches: Llama-3.1-8B (32 layers x K/V, 8 KV heads, head dim 128, bf16, 16-token 
 32 KiB pages, 16 sliding-window layers with 16 KiB pages). Jobs move random GPU blocks
 to random CPU chunks of the handler's chunk-major pool and back. Without a GPU it runs
 the host path on a small cache and says so.
+
+--concurrent also runs stores and loads at once (disjoint blocks and chunks), against
+two bulk copies at once, one each way. --devices=0,1 runs one handler per GPU, both at
+once, against bulk copies on both GPUs at once.
 """
 
 import datetime
@@ -31,6 +35,8 @@ flags.DEFINE_integer("blocks_per_chunk", 16, "Blocks per CPU chunk.")
 flags.DEFINE_integer("moved_mib", 4096, "Bytes moved per measurement and direction, MiB.")
 flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the workspace).")
 flags.DEFINE_list("methods", ["auto", "batch"], "Handler copy methods to compare (kvoffload.auto).")
+flags.DEFINE_bool("concurrent", False, "Also run stores and loads at once.")
+flags.DEFINE_list("devices", [], "GPUs to run one handler each on, at once (e.g. 0,1).")
 
 # name -> [(layers, kv heads, head dim)] per group; K and V are separate tensors.
 CACHES = {
@@ -45,12 +51,33 @@ def make_cache(torch, shape, blocks, device):
              for _ in range(2 * layers)] for layers, heads, dim in shape]
 
 
-def job_specs(rng, groups, n, blocks, chunks, bpc):
+def job_specs(rng, groups, n, blocks, chunks, bpc, half=None):
+    """A job of n random blocks per group; half 0 or 1 keeps it to that half of the
+    blocks and chunks (jobs in different halves share nothing)."""
     first = int(rng.integers(0, bpc))
     used = chunks_used(n, first, bpc)
-    ids = np.concatenate([rng.permutation(blocks)[:n] for _ in range(groups)])
-    chunk_ids = np.concatenate([rng.permutation(chunks)[:used] for _ in range(groups)])
+    if half is not None:
+        blocks, chunks = blocks // 2, chunks // 2
+    block_base, chunk_base = (blocks * half, chunks * half) if half else (0, 0)
+    ids = np.concatenate([block_base + rng.permutation(blocks)[:n] for _ in range(groups)])
+    chunk_ids = np.concatenate([chunk_base + rng.permutation(chunks)[:used] for _ in range(groups)])
     return GPUSpec(ids, [n] * groups, [first] * groups), CPUSpec(chunk_ids)
+
+
+def submit(handler, specs, direction, first_id=0):
+    """Submits the jobs with ids (direction, first_id + i); returns the ids."""
+    ids = [(direction, first_id + i) for i in range(len(specs))]
+    for job_id, (gpu, cpu) in zip(ids, specs):
+        handler.transfer_async(job_id, *((gpu, cpu) if direction == "store" else (cpu, gpu)))
+    return ids
+
+
+def finish(handler, ids):
+    """Waits for the jobs; (bytes, per-job event seconds)."""
+    handler.wait(ids)
+    results = handler.get_finished()
+    assert all(r.success for r in results), [r.error for r in results if not r.success]
+    return sum(r.bytes for r in results), [r.seconds for r in results]
 
 
 def run_jobs(torch, handler, specs, direction):
@@ -58,31 +85,88 @@ def run_jobs(torch, handler, specs, direction):
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     start = time.perf_counter()
-    for i, (gpu, cpu) in enumerate(specs):
-        handler.transfer_async((direction, i), *((gpu, cpu) if direction == "store" else (cpu, gpu)))
-    handler.wait([(direction, i) for i in range(len(specs))])
-    wall = time.perf_counter() - start
-    results = handler.get_finished()
-    assert all(r.success for r in results), [r.error for r in results if not r.success]
-    return wall, sum(r.bytes for r in results), [r.seconds for r in results]
+    nbytes, seconds = finish(handler, submit(handler, specs, direction))
+    return time.perf_counter() - start, nbytes, seconds
+
+
+def run_at_once(torch, runs):
+    """[(handler, specs, direction)] with submissions interleaved; (wall seconds, bytes)."""
+    for d in range(torch.cuda.device_count()):
+        torch.cuda.synchronize(d)
+    start = time.perf_counter()
+    ids = [[] for _ in runs]
+    for i in range(max(len(specs) for _, specs, _ in runs)):
+        for r, (handler, specs, direction) in enumerate(runs):
+            if i < len(specs):
+                ids[r] += submit(handler, specs[i : i + 1], direction, i)
+    nbytes = sum(finish(handler, job_ids)[0] for (handler, _, _), job_ids in zip(runs, ids))
+    return time.perf_counter() - start, nbytes
+
+
+def concurrent_bulk_seconds(torch, copies):
+    """Best wall time of [(src, dst, stream)] one-copy transfers run at once."""
+    best = float("inf")
+    for _ in range(3):
+        for d in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(d)
+        start = time.perf_counter()
+        for src, dst, stream in copies:
+            kv.batch_copy([src.data_ptr()], [dst.data_ptr()], [src.numel()], stream, per_copy=True,
+                          registry=kv.UNCHECKED)
+        for _, _, stream in copies:
+            stream.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def bulk_pair(torch, nbytes, device="cuda"):
+    return (torch.empty(nbytes, dtype=torch.uint8, pin_memory=True),
+            torch.empty(nbytes, dtype=torch.uint8, device=device), torch.cuda.Stream(device))
 
 
 def bulk_seconds(torch, nbytes):
     """One copy of nbytes each way between a pinned host buffer and the GPU."""
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    stream = torch.cuda.Stream()
-    out = {}
-    for direction, (src, dst) in {"load": (host, dev), "store": (dev, host)}.items():
-        best = float("inf")
-        for _ in range(3):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            kv.batch_copy([src.data_ptr()], [dst.data_ptr()], [nbytes], stream, per_copy=True, registry=kv.UNCHECKED)
-            stream.synchronize()
-            best = min(best, time.perf_counter() - start)
-        out[direction] = best
-    return out
+    host, dev, stream = bulk_pair(torch, nbytes)
+    return {"load": concurrent_bulk_seconds(torch, [(host, dev, stream)]),
+            "store": concurrent_bulk_seconds(torch, [(dev, host, stream)])}
+
+
+def report(cache, method, direction, n, jobs, nbytes, wall, bulk_seconds_per_gib, **extra):
+    """Prints and returns a result row; the ratio is to the bulk copy's rate."""
+    row = dict(cache=cache, method=method, direction=direction, blocks_per_job=n, jobs=jobs,
+               job_mib=nbytes / jobs / 2**20, gb_per_s=nbytes / wall / 1e9, **extra)
+    ratio = ""
+    if bulk_seconds_per_gib:
+        row["ratio_to_bulk"] = (nbytes / wall) / ((1 << 30) / bulk_seconds_per_gib)
+        ratio = f"  {row['ratio_to_bulk']:.0%} of bulk"
+    print(f"{cache:<16} {method:<7} {direction:<10} {n:>4} blocks/job ({row['job_mib']:.0f} MiB) "
+          f"x{jobs:<4} {row['gb_per_s']:6.1f} GB/s{ratio}")
+    return row
+
+
+def multi_device_rows(torch, devices, rng, bpc, blocks, moved):
+    """One Llama-3.1-8B handler per device, all storing (then loading) at once, against
+    bulk copies on every device at once."""
+    shape = CACHES["llama3.1-8b"]
+    block_bytes = sum(2 * layers * TOKENS_PER_BLOCK * heads * dim * 2 for layers, heads, dim in shape)
+    n, chunks = 512, blocks // bpc
+    jobs = max(2, moved // (n * block_bytes))
+    handlers = [OffloadHandler(make_cache(torch, shape, blocks, f"cuda:{d}"), chunks, bpc) for d in devices]
+    pairs = [bulk_pair(torch, 1 << 30, f"cuda:{d}") for d in devices]
+    rows = []
+    for direction in ("store", "load"):
+        copies = [(dev, host, s) if direction == "store" else (host, dev, s) for host, dev, s in pairs]
+        per_gib = concurrent_bulk_seconds(torch, copies) / len(devices)
+        print(f"bulk copies of 1 GiB on {len(devices)} GPUs at once, {direction}: "
+              f"{(1 << 30) / per_gib / 1e9:.1f} GB/s together")
+        runs = [(h, [job_specs(rng, 1, n, blocks, chunks, bpc) for _ in range(jobs)], direction) for h in handlers]
+        run_at_once(torch, [(h, specs[:1], d) for h, specs, d in runs])  # warm up
+        wall, nbytes = run_at_once(torch, runs)
+        rows.append(report(f"llama x{len(devices)} GPUs", "auto", direction, n, jobs * len(devices), nbytes,
+                           wall, per_gib, devices=devices))
+    for h in handlers:
+        h.shutdown()
+    return rows
 
 
 def main(argv):
@@ -100,8 +184,12 @@ def main(argv):
         print("no GPU: running the host path on a small cache, not the PCIe link")
     bulk = bulk_seconds(torch, 1 << 30) if gpu else None
     if bulk:
+        (h1, d1, s1), (h2, d2, s2) = bulk_pair(torch, 1 << 30), bulk_pair(torch, 1 << 30)
+        bulk["both"] = concurrent_bulk_seconds(torch, [(h1, d1, s1), (d2, h2, s2)]) / 2
+        del h1, d1, h2, d2
         print(f"bulk copy of 1 GiB: load {(1 << 30) / bulk['load'] / 1e9:.1f} GB/s, "
-              f"store {(1 << 30) / bulk['store'] / 1e9:.1f} GB/s")
+              f"store {(1 << 30) / bulk['store'] / 1e9:.1f} GB/s, both at once "
+              f"{(1 << 30) / bulk['both'] / 1e9:.1f} GB/s together")
     rows = []
     for name, shape in CACHES.items():
         cache = make_cache(torch, shape, blocks, "cuda" if gpu else "cpu")
@@ -117,18 +205,24 @@ def main(argv):
             for direction in ("store", "load"):
                 run_jobs(torch, handler, specs[:1], direction)  # warm up
                 wall, nbytes, seconds = run_jobs(torch, handler, specs, direction)
-                row = dict(cache=name, method=method, direction=direction, blocks_per_job=n, jobs=jobs,
-                           job_mib=nbytes / jobs / 2**20, gb_per_s=nbytes / wall / 1e9,
-                           median_job_seconds=float(np.median(seconds)))
-                if bulk:
-                    row["ratio_to_bulk"] = (nbytes / wall) / ((1 << 30) / bulk[direction])
-                rows.append(row)
-                ratio = f"  {row['ratio_to_bulk']:.0%} of bulk" if bulk else ""
-                print(f"{name:<16} {method:<7} {direction:<5} {n:>4} blocks/job ({row['job_mib']:.0f} MiB) "
-                      f"x{jobs:<4} {row['gb_per_s']:6.1f} GB/s{ratio}")
+                rows.append(report(name, method, direction, n, jobs, nbytes, wall,
+                                   bulk[direction] if bulk else None,
+                                   median_job_seconds=float(np.median(seconds))))
+        if gpu and FLAGS.concurrent:
+            n = max(min(int(b), blocks // 4) for b in FLAGS.job_blocks)
+            jobs = max(2, moved // (n * block_bytes))
+            for method, handler in handlers.items():
+                runs = [(handler, [job_specs(rng, len(shape), n, blocks, chunks, bpc, half)
+                                   for _ in range(jobs)], direction)
+                        for half, direction in enumerate(("store", "load"))]
+                run_at_once(torch, [(h, specs[:1], d) for h, specs, d in runs])  # warm up
+                wall, nbytes = run_at_once(torch, runs)
+                rows.append(report(name, method, "store+load", n, jobs, nbytes, wall, bulk["both"]))
         for handler in handlers.values():
             handler.shutdown()
         del cache
+    if gpu and len(FLAGS.devices) > 1:
+        rows += multi_device_rows(torch, [int(d) for d in FLAGS.devices], rng, bpc, blocks, moved)
     if FLAGS.out:
         out = FLAGS.out
         if not os.path.isabs(out) and "BUILD_WORKSPACE_DIRECTORY" in os.environ:

@@ -34,3 +34,18 @@ class GuardedBuffer:
 
     def canaries_intact(self) -> bool:
         return bool((self._before == CANARY).all() and (self._after == CANARY).all())
+
+
+class TorchGuardedBuffer:
+    """``nbytes`` usable bytes (``.tensor``) in CUDA or pinned host memory, between
+    ``slack`` canary bytes on each side."""
+
+    def __init__(self, torch, nbytes: int, where: str, slack: int = 4096):
+        whole = torch.full((nbytes + 2 * slack,), CANARY, dtype=torch.uint8)
+        self._whole = whole.cuda() if where == "device" else whole.pin_memory()
+        self.tensor = self._whole[slack : slack + nbytes]
+        self._slack = slack
+
+    def canaries_intact(self) -> bool:
+        return bool((self._whole[: self._slack] == CANARY).all()
+                    and (self._whole[self._slack + self.tensor.numel() :] == CANARY).all())

@@ -7,6 +7,7 @@ import torch
 
 import kvoffload as kv
 from scatter import POISON, scatter
+from scale import scaled
 
 POOL = 8 << 20
 DIRECTIONS = {"h2d": ("host", "device"), "d2h": ("device", "host"), "d2d": ("device", "device")}
@@ -59,7 +60,7 @@ def test_kernel_mixed_sizes_and_cta_budgets(direction, max_ctas):
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])
 def test_kernel_a_million_copies(direction):
     rng = np.random.default_rng(7)
-    run(kv.kernel_copy, rng, direction, np.full(1 << 20, 16), 16, False, pool_bytes=32 << 20)
+    run(kv.kernel_copy, rng, direction, np.full(scaled(1 << 20), 16), 16, False, pool_bytes=32 << 20)
 
 
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])
@@ -116,3 +117,42 @@ def test_staged_and_kernel_copies_follow_stream_order():
     kv.kernel_copy(offsets + src.data_ptr(), offsets + host.data_ptr(), np.full(256, 4096), stream=stream, registry=kv.UNCHECKED)
     stream.synchronize()
     assert (host == 9).all()
+
+
+def staged(host_is_src):
+    return lambda *args, **kwargs: kv.staged_copy(*args, host_is_src=host_is_src, **kwargs)
+
+
+REFUSED = {  # name -> (copy, src memory, dst memory, message)
+    "kernel reads pageable": (kv.kernel_copy, "pageable", "device",
+                              r"src\[0\]: 0x[0-9a-f]+ is neither page-locked host memory nor device memory"),
+    "kernel writes pageable": (kv.kernel_copy, "device", "pageable", r"dst\[0\]: .* \(pageable host memory\?\)"),
+    "staged load from pageable": (staged(True), "pageable", "device", r"src\[0\]: .* neither page-locked"),
+    "staged store to pageable": (staged(False), "device", "pageable", r"dst\[0\]: .* neither page-locked"),
+    "staged load into host": (staged(True), "pinned", "pinned", r"dst\[0\]: .* is host memory where device memory"),
+    "staged store from host": (staged(False), "pinned", "pinned", r"src\[0\]: .* is host memory where device memory"),
+    "staged load from device": (staged(True), "device", "device",
+                                r"src\[0\]: .* is device memory where page-locked host memory is needed"),
+}
+
+
+def memory(kind, fill):
+    t = torch.full((1 << 20,), fill, dtype=torch.uint8)
+    return {"device": t.cuda, "pinned": t.pin_memory, "pageable": lambda: t}[kind]()
+
+
+@pytest.mark.parametrize("case", REFUSED.keys())
+def test_memory_a_kernel_cannot_reach_is_refused_before_copying(case):
+    copy, src_kind, dst_kind, message = REFUSED[case]
+    src, dst = memory(src_kind, 7), memory(dst_kind, POISON)
+    offsets = np.arange(16, dtype=np.int64) * 4096
+    with pytest.raises(ValueError, match=message):
+        copy(offsets + src.data_ptr(), offsets + dst.data_ptr(), np.full(16, 4096), stream=torch.cuda.Stream(),
+             registry=kv.UNCHECKED)
+    torch.cuda.synchronize()
+    assert (dst.cpu() == POISON).all()
+
+
+def test_stream_device_names_the_streams_gpu():
+    assert kv.stream_device(torch.cuda.Stream()) == torch.cuda.current_device()
+    assert kv.stream_device(None) == torch.cuda.current_device()

@@ -10,8 +10,10 @@ import kvoffload.auto
 from kvoffload import _C
 from kvoffload.handler import OffloadHandler
 from kvoffload.planner import CPUSpec, GPUSpec
-from kv_model import (a_failure_mid_job_fails_that_job_only, check, copy_half_then_fail, make_handler, multi_group_with_an_empty_and_an_unaligned_group,
-                      pool_views, run_job, soak, store_then_load_skipping_first_blocks)
+from kv_model import (a_failure_mid_job_fails_that_job_only, copy_half_then_fail, make_handler,
+                      multi_group_with_an_empty_and_an_unaligned_group, pool_views, soak,
+                      store_then_load_skipping_first_blocks)
+from scale import scaled
 
 SLEEP_CYCLES = 200_000  # keeps the compute stream busy for ~0.1 ms
 
@@ -39,7 +41,8 @@ def test_a_store_sees_what_the_compute_stream_wrote_just_before():
                               bpc=1, cpu_layout="chunk_major", device="cuda")
     views = pool_views(handler, handler.pool.tensor.numpy())
     rng = np.random.default_rng(2)
-    for trial in range(1000):
+    trials = scaled(1000)
+    for trial in range(trials):
         ids = rng.permutation(64)[:4]
         chunks = rng.permutation(64)[:4]
         value = trial % 251 + 1
@@ -50,7 +53,7 @@ def test_a_store_sees_what_the_compute_stream_wrote_just_before():
         handler.wait([trial])
         for t in range(2):
             assert (views[0][t][chunks] == value).all(), f"trial {trial}: the store read stale blocks"
-    assert len(handler.get_finished()) == 1000
+    assert len(handler.get_finished()) == trials
     handler.shutdown()
 
 
@@ -58,7 +61,8 @@ def test_a_load_right_after_a_store_of_the_same_chunks_reads_the_stored_bytes():
     handler, _ = make_handler(np.random.default_rng(3), [4096], [2], num_blocks=64, num_chunks=64,
                               bpc=2, cpu_layout="chunk_major", device="cuda")
     rng = np.random.default_rng(4)
-    for trial in range(1000):
+    trials = scaled(1000)
+    for trial in range(trials):
         stored, loaded = np.split(rng.permutation(64)[:8], 2)
         chunks = rng.permutation(64)[:2]
         value = trial % 251 + 1
@@ -71,9 +75,9 @@ def test_a_load_right_after_a_store_of_the_same_chunks_reads_the_stored_bytes():
         for t in handler.gpu_tensors[0]:
             got = t[torch.from_numpy(loaded).cuda()]
             assert (got == value).all(), f"trial {trial}: the load did not see the store"
-    handler.wait([("s", 999)])
+    handler.wait([("s", trials - 1)])
     results = handler.get_finished()
-    assert len(results) == 2000 and all(r.success for r in results)
+    assert len(results) == 2 * trials and all(r.success for r in results)
     handler.shutdown()
 
 
@@ -82,7 +86,7 @@ def test_a_soak_of_mixed_jobs_loses_nothing(method):
     rng = np.random.default_rng(5)
     handler, model = make_handler(rng, [2048, 1024], [4, 2], num_blocks=96, num_chunks=80, bpc=2,
                                   cpu_layout="chunk_major", device="cuda", method=method)
-    allocated = soak(handler, model, rng, jobs=5000, max_in_flight=64)
+    allocated = soak(handler, model, rng, jobs=scaled(5000, 1000), max_in_flight=64)
     assert allocated[-1] <= 66  # bounded by the jobs in flight, not by the 5000 jobs run
     handler.shutdown()
 

@@ -9,7 +9,8 @@ import kvoffload.transfer_lanes
 from kvoffload.handler import OffloadHandler
 from kvoffload.host_pool import cpu_tensor_layouts, pool_bytes
 from kvoffload.planner import CPUSpec, GPUSpec
-from kv_model import (a_failure_mid_job_fails_that_job_only, check, copy_half_then_fail, make_handler, multi_group_with_an_empty_and_an_unaligned_group, soak,
+from kv_model import (a_failure_mid_job_fails_that_job_only, check, copy_half_then_fail,
+                      make_handler, multi_group_with_an_empty_and_an_unaligned_group, soak,
                       store_then_load_skipping_first_blocks)
 
 LAYOUTS = ["chunk_major", "per_tensor"]

@@ -152,6 +152,8 @@ def kvoffload_py_benchmark(name, deps = []):
         deps = deps + [Label("//py/kvoffload")],
     )
 
-def kvoffload_gpu_test(name, srcs, **kwargs):
-    """A kvoffload_py_test that needs a GPU: tagged gpu (bazel test --config=gpu)."""
-    kvoffload_py_test(name = name, srcs = srcs, size = "medium", tags = ["gpu"], **kwargs)
+def kvoffload_gpu_test(name, srcs, gpus = 1, **kwargs):
+    """A kvoffload_py_test that needs a GPU, tagged gpu (bazel test --config=gpu), or
+    two, tagged gpu and multi_gpu (bazel test --config=multi_gpu)."""
+    tags = ["gpu"] + (["multi_gpu"] if gpus > 1 else [])
+    kvoffload_py_test(name = name, srcs = srcs, size = "medium", tags = tags, **kwargs)

@@ -1,0 +1,67 @@
+"""Two GPUs: one handler per device, both busy at once; a tensor on one device with a
+stream of the other is refused."""
+
+import concurrent.futures
+
+import numpy as np
+import pytest
+import torch
+
+import kvoffload as kv
+from kvoffload.handler import OffloadHandler
+from kv_model import make_handler, soak
+from scatter import POISON
+from scale import scaled
+
+
+@pytest.fixture(autouse=True)
+def require_two_gpus():
+    assert torch.cuda.device_count() >= 2, "multi-GPU tests need two CUDA devices"
+
+
+@pytest.mark.parametrize("method", ["auto", "batch", "kernel", "staged"])
+def test_one_handler_per_device_both_at_once(method):
+    def run(device):
+        rng = np.random.default_rng(device)
+        handler, model = make_handler(rng, [2048, 1024], [4, 2], num_blocks=96, num_chunks=80, bpc=2,
+                                      cpu_layout="chunk_major", device=f"cuda:{device}", method=method)
+        soak(handler, model, rng, jobs=scaled(1500, 100), max_in_flight=32)
+        handler.shutdown()
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for done in [pool.submit(run, d) for d in (0, 1)]:
+            done.result()
+
+
+def test_copy_blocks_with_a_stream_of_the_other_device_is_refused():
+    src = torch.randint(0, 256, (8, 4096), dtype=torch.uint8, device="cuda:0")
+    dst = torch.full((8, 4096), POISON, dtype=torch.uint8, device="cuda:0")
+    other = torch.cuda.Stream("cuda:1")
+    with pytest.raises(ValueError, match=r"stream: is on device 1 but src is on device 0"):
+        kv.copy_blocks(src, dst, np.array([[0, 1]]), other)
+    host = torch.randint(0, 256, (8, 4096), dtype=torch.uint8).pin_memory()
+    with pytest.raises(ValueError, match=r"stream: is on device 1 but dst is on device 0"):
+        kv.copy_blocks(host, dst, np.array([[0, 1]]), other)
+    torch.cuda.synchronize("cuda:0")
+    assert (dst.cpu() == POISON).all()
+
+
+@pytest.mark.parametrize("copy", ["kernel", "staged"])
+def test_pointers_of_one_device_with_a_stream_of_the_other_are_refused(copy):
+    device = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8, device="cuda:0")
+    host = torch.full((1 << 20,), POISON, dtype=torch.uint8).pin_memory()
+    offsets = np.arange(8, dtype=np.int64) * 4096
+    args = (offsets + device.data_ptr(), offsets + host.data_ptr(), np.full(8, 4096))
+    stream = torch.cuda.Stream("cuda:1")
+    with pytest.raises(ValueError, match=r"src\[0\]: 0x[0-9a-f]+ is memory of device 0, but the stream is on device 1"):
+        if copy == "kernel":
+            kv.kernel_copy(*args, stream=stream, registry=kv.UNCHECKED)
+        else:
+            kv.staged_copy(*args, host_is_src=False, stream=stream, registry=kv.UNCHECKED)
+    assert (host == POISON).all()
+
+
+def test_a_handler_rejects_tensors_on_two_devices():
+    gpu = [[torch.zeros((8, 256), dtype=torch.uint8, device=f"cuda:{d}") for d in (0, 1)]]
+    with pytest.raises(ValueError, match=r"gpu_tensors: expected one device, got \['cuda:0', 'cuda:1'\]"):
+        OffloadHandler(gpu, 4, 2)
