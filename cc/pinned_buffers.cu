@@ -35,11 +35,20 @@ void PinnedBuffers::Release(void* buffer, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (Buffer& b : buffers_) {
     if (b.data != buffer) continue;
+    int device = 0;
+    CheckCuda(cudaGetDevice(&device), "cudaGetDevice");
+    if (b.released != nullptr && b.event_device != device) {
+      // Its last use has finished (Acquire saw to that); the event belongs to another GPU.
+      CheckCuda(cudaEventDestroy(b.released), "cudaEventDestroy");
+      b.released = nullptr;
+    }
     if (b.released == nullptr) {
       CheckCuda(cudaEventCreateWithFlags(&b.released, cudaEventDisableTiming), "cudaEventCreate");
+      b.event_device = device;
     }
-    b.in_use = false;
+    // A buffer whose release failed stays in use: nothing says when the stream is done.
     CheckCuda(cudaEventRecord(b.released, stream), "cudaEventRecord");
+    b.in_use = false;
     return;
   }
 }

@@ -19,7 +19,8 @@ class PinnedBuffers {
 
   // A buffer of at least `bytes`.
   void* Acquire(size_t bytes);
-  // `buffer` is free once `stream` has run what is queued on it now.
+  // `buffer` is free once `stream` has run what is queued on it now. The stream's
+  // device must be the current device.
   void Release(void* buffer, cudaStream_t stream);
 
  private:
@@ -27,6 +28,7 @@ class PinnedBuffers {
     void* data = nullptr;
     size_t bytes = 0;
     cudaEvent_t released = nullptr;
+    int event_device = -1;  // an event can be recorded only on streams of its device
     bool in_use = false;
   };
   std::mutex mutex_;

@@ -23,5 +23,6 @@ rm -f gpu_bundle/kvoffload/BUILD.bazel gpu_bundle/kvoffload/*.cc
 cp bazel-bin/py/kvoffload/_C.abi3.so gpu_bundle/kvoffload/
 cp tests/*.py gpu_bundle/tests/
 cp bench/*.py gpu_bundle/bench/
+mkdir -p gpu_bundle/tools && cp tools/sanitize_gpu_tests.sh gpu_bundle/tools/
 mkdir -p gpu_bundle/bench/results
 echo "staged $(du -sh gpu_bundle | cut -f1) in gpu_bundle/"
