@@ -21,8 +21,9 @@ struct KernelCopyOptions {
 // Copies the batch on `stream` with an SM kernel: each warp moves one piece at a time
 // with 16-byte accesses where source and destination share their alignment, and
 // 8 loads in flight per thread. Both ends of every copy must be device memory or
-// page-locked (mapped) host memory, else std::invalid_argument (RequireReachable). The descriptors go
-// to the device in stream order and are freed after the kernel, in stream order.
+// page-locked (mapped) host memory, else std::invalid_argument (RequireReachable). The
+// batch goes in several launches (driver_calls), pipelined with the host's preparation;
+// descriptors go to the device in stream order and are freed after each kernel.
 CopyResult KernelCopy(const CopyBatch& batch, cudaStream_t stream,
                       const KernelCopyOptions& options = {});
 

@@ -26,13 +26,17 @@ struct Memory {
 class MemoryMap {
  public:
   const Memory& At(int64_t address) {
+    if (last_ != nullptr && last_start_ <= address && address < last_->end) return *last_;
     auto it = known_.upper_bound(address);
-    if (it != known_.begin() && address < std::prev(it)->second.end) return std::prev(it)->second;
-    return Query(address);
+    if (it == known_.begin() || address >= std::prev(it)->second.end) it = Query(address);
+    else --it;
+    last_start_ = it->first;
+    last_ = &it->second;
+    return *last_;
   }
 
  private:
-  const Memory& Query(int64_t address) {
+  std::map<int64_t, Memory>::iterator Query(int64_t address) {
     static const auto get_attributes = reinterpret_cast<PFN_cuPointerGetAttributes_v7000>(
         ResolveDriverSymbol("cuPointerGetAttributes", 7000));
     if (get_attributes == nullptr) {
@@ -60,10 +64,12 @@ class MemoryMap {
       first = range_start;
       memory.end = range_start + static_cast<int64_t>(size);
     }
-    return known_[first] = memory;
+    return known_.insert_or_assign(first, memory).first;
   }
 
   std::map<int64_t, Memory> known_;  // by first address
+  const Memory* last_ = nullptr;     // the range found last, and its first address
+  int64_t last_start_ = 0;
 };
 
 std::string Hex(int64_t address) {

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cc/batch_copy.h"
@@ -31,7 +32,13 @@ class StagingRing {
   explicit StagingRing(const StagedCopyOptions& options) : options_(options) {
     CheckCuda(cudaMalloc(&memory_, options.slot_bytes * options.slots), "cudaMalloc (staging)");
     CheckCuda(cudaStreamCreateWithFlags(&dma_, cudaStreamNonBlocking), "cudaStreamCreate");
-    CheckCuda(cudaStreamCreateWithFlags(&kernel_, cudaStreamNonBlocking), "cudaStreamCreate");
+    // The gather/scatter kernels are short; at the highest priority their CTAs take the
+    // next free SMs even while a model's kernels fill the GPU, and the pipeline keeps up.
+    int lowest = 0, highest = 0;
+    CheckCuda(cudaDeviceGetStreamPriorityRange(&lowest, &highest),
+              "cudaDeviceGetStreamPriorityRange");
+    CheckCuda(cudaStreamCreateWithPriority(&kernel_, cudaStreamNonBlocking, highest),
+              "cudaStreamCreateWithPriority");
     for (int i = 0; i < options.slots; ++i) {
       cudaEvent_t free_event, full_event;
       CheckCuda(cudaEventCreateWithFlags(&free_event, cudaEventDisableTiming), "cudaEventCreate");
@@ -59,26 +66,33 @@ class StagingRing {
     return o.slot_bytes == options_.slot_bytes && o.slots == options_.slots;
   }
 
-  void Run(std::vector<Slice>& slices, bool load, int max_ctas, cudaStream_t stream) {
-    // Both internal streams start after the caller's stream, and it waits for both.
+  // Begin(stream), then Add() each slice, then End(stream): both internal streams start
+  // after the caller's stream's work so far, and the caller's stream waits for both.
+  void Begin(cudaStream_t stream) {
     CheckCuda(cudaEventRecord(fence_, stream), "cudaEventRecord");
     CheckCuda(cudaStreamWaitEvent(dma_, fence_, 0), "cudaStreamWaitEvent");
     CheckCuda(cudaStreamWaitEvent(kernel_, fence_, 0), "cudaStreamWaitEvent");
+  }
+
+  void Add(Slice& slice, bool load, int max_ctas) {
     cudaStream_t first = load ? dma_ : kernel_;
     cudaStream_t second = load ? kernel_ : dma_;
-    for (Slice& slice : slices) {
-      const int slot = next_slot_;
-      next_slot_ = (next_slot_ + 1) % options_.slots;
-      const int64_t base = reinterpret_cast<int64_t>(memory_) + slot * options_.slot_bytes;
-      Relocate(slice, base, load);
-      CheckCuda(cudaStreamWaitEvent(first, slot_free_[slot], 0), "cudaStreamWaitEvent");
-      load ? Dma(slice, first) : Kernel(slice, max_ctas, first);
-      CheckCuda(cudaEventRecord(slot_full_[slot], first), "cudaEventRecord");
-      CheckCuda(cudaStreamWaitEvent(second, slot_full_[slot], 0), "cudaStreamWaitEvent");
-      load ? Kernel(slice, max_ctas, second) : Dma(slice, second);
-      CheckCuda(cudaEventRecord(slot_free_[slot], second), "cudaEventRecord");
-    }
-    CheckCuda(cudaEventRecord(fence_, second), "cudaEventRecord");
+    const int slot = next_slot_;
+    next_slot_ = (next_slot_ + 1) % options_.slots;
+    const int64_t base = reinterpret_cast<int64_t>(memory_) + slot * options_.slot_bytes;
+    Relocate(slice, base, load);
+    CheckCuda(cudaStreamWaitEvent(first, slot_free_[slot], 0), "cudaStreamWaitEvent");
+    load ? Dma(slice, first) : Kernel(slice, max_ctas, first);
+    CheckCuda(cudaEventRecord(slot_full_[slot], first), "cudaEventRecord");
+    CheckCuda(cudaStreamWaitEvent(second, slot_full_[slot], 0), "cudaStreamWaitEvent");
+    load ? Kernel(slice, max_ctas, second) : Dma(slice, second);
+    CheckCuda(cudaEventRecord(slot_free_[slot], second), "cudaEventRecord");
+  }
+
+  void End(cudaStream_t stream) {
+    CheckCuda(cudaEventRecord(fence_, dma_), "cudaEventRecord");
+    CheckCuda(cudaStreamWaitEvent(stream, fence_, 0), "cudaStreamWaitEvent");
+    CheckCuda(cudaEventRecord(fence_, kernel_), "cudaEventRecord");
     CheckCuda(cudaStreamWaitEvent(stream, fence_, 0), "cudaStreamWaitEvent");
   }
 
@@ -114,44 +128,67 @@ class StagingRing {
 
 constexpr int64_t kPieceBytes = int64_t{64} << 10;
 
-// Cuts the batch, in host address order, into slices of at most slot_bytes. Offsets
-// into the slot are relative until the ring relocates them.
-std::vector<Slice> Slices(const CopyBatch& batch, bool load, int64_t slot_bytes) {
-  const int64_t* host = load ? batch.src : batch.dst;
-  const int64_t* device = load ? batch.dst : batch.src;
-  std::vector<int64_t> order(batch.count);
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return host[a] < host[b]; });
+// Cuts the batch, in host address order, into slices of at most slot_bytes, one at a
+// time. Offsets into the slot are relative until the ring relocates them.
+class SliceCutter {
+ public:
+  SliceCutter(const CopyBatch& batch, bool load, int64_t slot_bytes)
+      : batch_(batch),
+        load_(load),
+        slot_bytes_(slot_bytes),
+        host_(load ? batch.src : batch.dst),
+        device_(load ? batch.dst : batch.src),
+        order_(batch.count) {
+    std::iota(order_.begin(), order_.end(), 0);
+    if (!std::is_sorted(host_, host_ + batch.count)) {
+      std::sort(order_.begin(), order_.end(),
+                [&](int64_t a, int64_t b) { return host_[a] < host_[b]; });
+    }
+  }
 
-  std::vector<Slice> slices(1);
-  int64_t used = 0;  // bytes of the current slot
-  for (int64_t i : order) {
-    for (int64_t offset = 0; offset < batch.size[i];) {
-      if (used == slot_bytes) {
-        slices.emplace_back();
-        used = 0;
-      }
-      const int64_t n = std::min({batch.size[i] - offset, slot_bytes - used, kPieceBytes});
-      Slice& s = slices.back();
-      std::vector<int64_t>& dma_host = load ? s.dma_src : s.dma_dst;
-      std::vector<int64_t>& dma_slot = load ? s.dma_dst : s.dma_src;
-      if (!s.dma_size.empty() && dma_host.back() + s.dma_size.back() == host[i] + offset &&
+  // The next slice, or false when the batch is done.
+  bool Next(Slice& s) {
+    for (auto* v : {&s.dma_src, &s.dma_dst, &s.dma_size, &s.piece_src, &s.piece_dst,
+                    &s.piece_size}) {
+      v->clear();
+    }
+    int64_t used = 0;  // bytes of the slot
+    while (at_ < batch_.count && used < slot_bytes_) {
+      const int64_t i = order_[at_];
+      const int64_t n = std::min({batch_.size[i] - offset_, slot_bytes_ - used, kPieceBytes});
+      std::vector<int64_t>& dma_host = load_ ? s.dma_src : s.dma_dst;
+      std::vector<int64_t>& dma_slot = load_ ? s.dma_dst : s.dma_src;
+      if (!s.dma_size.empty() && dma_host.back() + s.dma_size.back() == host_[i] + offset_ &&
           dma_slot.back() + s.dma_size.back() == used) {
         s.dma_size.back() += n;  // the host run goes on
       } else {
-        dma_host.push_back(host[i] + offset);
+        dma_host.push_back(host_[i] + offset_);
         dma_slot.push_back(used);
         s.dma_size.push_back(n);
       }
-      (load ? s.piece_src : s.piece_dst).push_back(used);
-      (load ? s.piece_dst : s.piece_src).push_back(device[i] + offset);
+      (load_ ? s.piece_src : s.piece_dst).push_back(used);
+      (load_ ? s.piece_dst : s.piece_src).push_back(device_[i] + offset_);
       s.piece_size.push_back(n);
       used += n;
-      offset += n;
+      offset_ += n;
+      if (offset_ == batch_.size[i]) {
+        offset_ = 0;
+        ++at_;
+      }
     }
+    return used > 0;
   }
-  return slices;
-}
+
+ private:
+  const CopyBatch& batch_;
+  const bool load_;
+  const int64_t slot_bytes_;
+  const int64_t* host_;
+  const int64_t* device_;
+  std::vector<int64_t> order_;
+  int64_t at_ = 0;      // position in order_
+  int64_t offset_ = 0;  // bytes of copy order_[at_] already cut
+};
 
 std::mutex rings_mutex;
 
@@ -181,19 +218,34 @@ CopyResult StagedCopy(const CopyBatch& batch, bool host_is_src, cudaStream_t str
   result.reason = PathReason::kStagedRequested;
   result.copies = batch.count;
   result.bytes = TotalBytes(batch);
-  std::vector<Slice> slices = Slices(batch, host_is_src, options.slot_bytes);
+  SliceCutter cutter(batch, host_is_src, options.slot_bytes);
 
-  static std::map<int, std::unique_ptr<StagingRing>>* rings =
-      new std::map<int, std::unique_ptr<StagingRing>>();
+  // One ring per device and direction, so that loads and stores in flight at once use
+  // separate streams and slots and overlap (the DMA engines run both ways at once).
+  static std::map<std::pair<int, bool>, std::unique_ptr<StagingRing>>* rings =
+      new std::map<std::pair<int, bool>, std::unique_ptr<StagingRing>>();
   std::lock_guard<std::mutex> lock(rings_mutex);
-  std::unique_ptr<StagingRing>& ring = (*rings)[guard.device()];
+  std::unique_ptr<StagingRing>& ring = (*rings)[{guard.device(), host_is_src}];
   if (ring != nullptr && !ring->Fits(options)) {
     CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the old ring drains
     ring.reset();
   }
   if (ring == nullptr) ring = std::make_unique<StagingRing>(options);
-  ring->Run(slices, host_is_src, options.max_ctas, stream);
-  result.driver_calls = static_cast<int64_t>(slices.size());
+  // Slice by slice, so that the GPU copies while the host cuts the next slice.
+  ring->Begin(stream);
+  try {
+    for (Slice slice; cutter.Next(slice); ++result.driver_calls) {
+      ring->Add(slice, host_is_src, options.max_ctas);
+    }
+  } catch (...) {
+    // What was enqueued still runs: the caller's stream must still wait for it.
+    try {
+      ring->End(stream);
+    } catch (...) {
+    }
+    throw;
+  }
+  ring->End(stream);
   return result;
 }
 

@@ -94,6 +94,7 @@ def test_during_api_call_sources_are_read_before_return(rng, stream_name):
     src_bytes = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
     src = torch.from_numpy(src_bytes.copy()).pin_memory()
     dst = torch.full((1 << 20,), POISON, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()  # the fill ran: the copy's stream need not order after it
     stream = STREAMS[stream_name][0]()
     kv.batch_copy([src.data_ptr()], [dst.data_ptr()], [1 << 20], stream=stream,
                   order=ORDER.DURING_API_CALL, registry=kv.UNCHECKED)
@@ -160,7 +161,9 @@ def test_torch_stream_and_cuda_stream_protocol_are_accepted(rng):
         stream = torch.cuda.Stream()
         src = torch.from_numpy(rng.integers(0, 256, 4096, dtype=np.uint8)).pin_memory()
         dst = torch.full((4096,), POISON, dtype=torch.uint8, device="cuda")
-        result = kv.batch_copy([src.data_ptr()], [dst.data_ptr()], [4096], stream=wrap(stream), registry=kv.UNCHECKED)
+        torch.cuda.synchronize()
+        result = kv.batch_copy([src.data_ptr()], [dst.data_ptr()], [4096], stream=wrap(stream),
+                               registry=kv.UNCHECKED)
         stream.synchronize()
         assert result.path == "batch" and torch.equal(dst.cpu(), src)
 
