@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import resource
+import sys
 import time
 
 import numpy as np
@@ -59,6 +60,8 @@ def main(argv):
     del argv
     import torch
 
+    if not torch.cuda.is_available():
+        sys.exit("soak: needs a CUDA GPU")
     rng = np.random.default_rng(0)
     blocks, chunks = FLAGS.gpu_blocks, FLAGS.cpu_chunks
     cache = torch.randint(0, 256, (TENSORS, blocks, PAGE), dtype=torch.uint8, device="cuda")
