@@ -114,3 +114,41 @@ def test_handler_with_hostile_jobs_keeps_working(jobs):
     results = handler.get_finished()
     assert sorted(r.job_id for r in results) == submitted and all(r.success for r in results)
     handler.shutdown()
+
+
+VIEWS = {  # how a [blocks, 4, 6] array is viewed: (view, whether its blocks stay contiguous)
+    "plain": (lambda a: a, True),
+    "every other block": (lambda a: a[::2], True),
+    "transposed blocks": (lambda a: a.transpose(0, 2, 1), False),
+    "half of each block": (lambda a: a[:, :, ::2], False),
+    "one block dim": (lambda a: a.reshape(len(a), -1), True),
+}
+
+
+@FUZZ
+@given(st.sampled_from(sorted(VIEWS)), st.sampled_from(sorted(VIEWS)), st.sampled_from(["uint8", "float32", "int64"]),
+       st.sampled_from(["uint8", "float32", "int64"]), st.lists(st.tuples(st.integers(-1, 5), st.integers(-1, 5)),
+                                                                 max_size=6))
+def test_copy_blocks_with_hostile_tensors(src_view, dst_view, src_dtype, dst_dtype, pairs):
+    src_buf = GuardedBuffer(12 * 4 * 6 * np.dtype(src_dtype).itemsize)
+    dst_buf = GuardedBuffer(12 * 4 * 6 * np.dtype(dst_dtype).itemsize)
+    src_base = src_buf.array.view(src_dtype).reshape(12, 4, 6)
+    dst_base = dst_buf.array.view(dst_dtype).reshape(12, 4, 6)
+    src_base[:] = np.random.default_rng(0).integers(0, 100, src_base.shape).astype(src_dtype)
+    dst_base[:] = 7
+    (view_src, src_ok), (view_dst, dst_ok) = VIEWS[src_view], VIEWS[dst_view]
+    src, dst = view_src(src_base), view_dst(dst_base)
+    mapping = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    valid = (src_ok and dst_ok and src_dtype == dst_dtype and src.shape[1:] == dst.shape[1:]
+             and all(0 <= s < len(src) and 0 <= d < len(dst) for s, d in pairs)
+             and len({d for _, d in pairs}) == len(pairs))
+    want = dst.copy()
+    for s, d in pairs if valid else []:
+        want[d] = src[s]
+    try:
+        kv.copy_blocks(src, dst, mapping)
+        assert valid
+    except (TypeError, ValueError):
+        assert not valid
+    np.testing.assert_array_equal(dst, want)
+    assert src_buf.canaries_intact() and dst_buf.canaries_intact()
