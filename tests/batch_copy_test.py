@@ -28,7 +28,8 @@ class TestHostCopy:
         src, dst = host_pools(rng, 1 << 20)
         plan = scatter(rng, np.full(50, size), slot=8192, pool_bytes=src.size, misalign=True)
         want = plan.expected(src, dst)
-        result = kv.host_copy(*plan.pointers(src.ctypes.data, dst.ctypes.data), plan.sizes, registry=kv.UNCHECKED)
+        result = kv.host_copy(*plan.pointers(src.ctypes.data, dst.ctypes.data), plan.sizes,
+                              registry=kv.UNCHECKED)
         np.testing.assert_array_equal(dst, want)
         assert (result.path, result.copies, result.bytes) == ("host", 50, 50 * size)
 
@@ -45,7 +46,8 @@ class TestHostCopy:
         plan = scatter(rng, np.full(10, 64), slot=64, pool_bytes=src.size)
         want = plan.expected(src, dst)
         s, d = plan.pointers(src.ctypes.data, dst.ctypes.data)
-        kv.host_copy(torch.from_numpy(s), torch.from_numpy(d), torch.from_numpy(plan.sizes), registry=kv.UNCHECKED)
+        kv.host_copy(torch.from_numpy(s), torch.from_numpy(d), torch.from_numpy(plan.sizes),
+                     registry=kv.UNCHECKED)
         np.testing.assert_array_equal(dst, want)
 
     @pytest.mark.parametrize("sizes", [[48 << 20], [1 << 20] * 40, [7] * 3 + [40 << 20] + [5] * 3])

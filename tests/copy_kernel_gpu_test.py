@@ -89,7 +89,8 @@ def test_staged_host_runs_and_a_job_larger_than_the_ring(direction):
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()
     result = kv.staged_copy(s_off + src.data_ptr(), d_off + dst.data_ptr(), np.full(n, block),
-                            host_is_src=direction == "h2d", stream=stream, slot_bytes=4 << 20, slots=4, registry=kv.UNCHECKED)
+                            host_is_src=direction == "h2d", stream=stream, slot_bytes=4 << 20, slots=4,
+                            registry=kv.UNCHECKED)
     stream.synchronize()
     want = np.full(pool_bytes, POISON, np.uint8)
     idx = (d_off[:, None] + np.arange(block)).ravel()
@@ -114,7 +115,8 @@ def test_staged_and_kernel_copies_follow_stream_order():
     with torch.cuda.stream(stream):
         torch.cuda._sleep(1_000_000)
         src.fill_(9)
-    kv.kernel_copy(offsets + src.data_ptr(), offsets + host.data_ptr(), np.full(256, 4096), stream=stream, registry=kv.UNCHECKED)
+    kv.kernel_copy(offsets + src.data_ptr(), offsets + host.data_ptr(), np.full(256, 4096), stream=stream,
+                   registry=kv.UNCHECKED)
     stream.synchronize()
     assert (host == 9).all()
 

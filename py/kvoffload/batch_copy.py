@@ -3,8 +3,9 @@
 Pointer arrays are 1-D int64 arrays in host memory (numpy, torch) or sequences of
 ints. The pointer calls take ``registry``: a kvoffload.MemoryRegistry that every copy
 must lie inside (checked before anything is copied, ValueError naming the copy and the
-region it missed), or ``kvoffload.UNCHECKED`` to copy wherever the pointers say. ``stream`` is None (the legacy default stream), an int handle, or a stream
-object (``__cuda_stream__`` or ``cuda_stream``, as torch.cuda.Stream has). Every
+region it missed), or ``kvoffload.UNCHECKED`` to copy wherever the pointers say.
+``stream`` is None (the legacy default stream), an int handle, or a stream object
+(``__cuda_stream__`` or ``cuda_stream``, as torch.cuda.Stream has). Every
 argument is checked before anything is copied; a bad one raises TypeError or
 ValueError naming it, and a failing CUDA call raises CudaError with the CUDA error
 name.
