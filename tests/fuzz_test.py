@@ -11,8 +11,8 @@ import kvoffload as kv
 from kvoffload.handler import OffloadHandler
 from kvoffload.planner import CPUSpec, GPUSpec, KVLayout, plan_transfer
 from canary import GuardedBuffer
+from hostile import copied, ids, jobs, mapping_is_valid, run_jobs
 
-ids = st.one_of(st.integers(-3, 20), st.sampled_from([-(2**63), 2**63 - 1, 2**31, -(2**31)]))
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -28,11 +28,8 @@ def test_copy_blocks_with_hostile_mappings(pairs, block):
     src[:] = np.random.default_rng(block).integers(0, 256, src.shape, dtype=np.uint8)
     dst[:] = 0xA5
     mapping = np.array(pairs, dtype=np.int64).reshape(-1, 2)
-    valid = (all(0 <= s < 8 and 0 <= d < 6 for s, d in pairs)
-             and len({d for _, d in pairs}) == len(pairs))
-    want = dst.copy()
-    for s, d in pairs if valid else []:
-        want[d] = src[s]
+    valid = mapping_is_valid(pairs, 8, 6)
+    want = copied(src, dst, pairs if valid else [])
     try:
         kv.copy_blocks(src, dst, mapping)
         assert valid
@@ -97,23 +94,10 @@ def test_planner_with_hostile_specs_writes_only_inside_the_layout(block_ids, chu
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.sampled_from(["store", "load"]), st.lists(ids, max_size=5), st.lists(ids, max_size=4),
-                          st.integers(-1, 3)), min_size=1, max_size=6))
-def test_handler_with_hostile_jobs_keeps_working(jobs):
+@given(jobs)
+def test_handler_with_hostile_jobs_keeps_working(hostile_jobs):
     gpu = [[torch.zeros((6, 64), dtype=torch.uint8) for _ in range(2)]]
-    handler = OffloadHandler(gpu, 4, 2)
-    submitted = []
-    for i, (direction, block_ids, chunk_ids, first) in enumerate(jobs):
-        try:
-            gpu_spec, cpu_spec = GPUSpec(block_ids, [len(block_ids)], [first]), CPUSpec(chunk_ids)
-            handler.transfer_async(i, *((gpu_spec, cpu_spec) if direction == "store" else (cpu_spec, gpu_spec)))
-            submitted.append(i)
-        except (TypeError, ValueError):
-            pass
-    handler.wait(submitted)
-    results = handler.get_finished()
-    assert sorted(r.job_id for r in results) == submitted and all(r.success for r in results)
-    handler.shutdown()
+    run_jobs(OffloadHandler(gpu, 4, 2), hostile_jobs)
 
 
 VIEWS = {  # how a [blocks, 4, 6] array is viewed: (view, whether its blocks stay contiguous)
@@ -140,11 +124,8 @@ def test_copy_blocks_with_hostile_tensors(src_view, dst_view, src_dtype, dst_dty
     src, dst = view_src(src_base), view_dst(dst_base)
     mapping = np.array(pairs, dtype=np.int64).reshape(-1, 2)
     valid = (src_ok and dst_ok and src_dtype == dst_dtype and src.shape[1:] == dst.shape[1:]
-             and all(0 <= s < len(src) and 0 <= d < len(dst) for s, d in pairs)
-             and len({d for _, d in pairs}) == len(pairs))
-    want = dst.copy()
-    for s, d in pairs if valid else []:
-        want[d] = src[s]
+             and mapping_is_valid(pairs, len(src), len(dst)))
+    want = copied(src, dst, pairs if valid else [])
     try:
         kv.copy_blocks(src, dst, mapping)
         assert valid

@@ -1,0 +1,44 @@
+"""Hostile inputs the fuzz tests share: ids, handler jobs, and what a block mapping must do."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from kvoffload.planner import CPUSpec, GPUSpec
+
+ids = st.one_of(st.integers(-3, 20), st.sampled_from([-(2**63), 2**63 - 1, 2**31, -(2**31)]))
+
+# (direction, block ids, chunk ids, first block index) per job.
+jobs = st.lists(st.tuples(st.sampled_from(["store", "load"]), st.lists(ids, max_size=5),
+                          st.lists(ids, max_size=4), st.integers(-1, 3)), min_size=1, max_size=6)
+
+
+def run_jobs(handler, hostile_jobs) -> None:
+    """Submits the jobs; those refused must raise TypeError or ValueError, and every one
+    submitted must finish successfully. Shuts the handler down."""
+    submitted = []
+    for i, (direction, block_ids, chunk_ids, first) in enumerate(hostile_jobs):
+        try:
+            gpu_spec, cpu_spec = GPUSpec(block_ids, [len(block_ids)], [first]), CPUSpec(chunk_ids)
+            handler.transfer_async(i, *((gpu_spec, cpu_spec) if direction == "store" else (cpu_spec, gpu_spec)))
+            submitted.append(i)
+        except (TypeError, ValueError):
+            pass
+    handler.wait(submitted)
+    results = handler.get_finished()
+    assert sorted(r.job_id for r in results) == submitted and all(r.success for r in results)
+    handler.shutdown()
+
+
+def mapping_is_valid(pairs, src_blocks: int, dst_blocks: int) -> bool:
+    """Every id in range, no destination twice."""
+    return (all(0 <= s < src_blocks and 0 <= d < dst_blocks for s, d in pairs)
+            and len({d for _, d in pairs}) == len(pairs))
+
+
+def copied(src, dst_before, pairs):
+    """What dst holds after block s of src is copied to block d, for every (s, d)."""
+    want = dst_before.copy()
+    for s, d in pairs:
+        want[d] = src[s]
+    return want
