@@ -1,7 +1,11 @@
 #include "cc/host_copy.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -23,12 +27,39 @@ void CopyByteRange(const CopyBatch& batch, const std::vector<int64_t>& starts, i
 }
 
 int ThreadCount(int64_t total_bytes, int max_threads) {
-  if (max_threads <= 0) {
+  if (max_threads < 0) {
+    throw std::invalid_argument("threads: must be >= 0, got " + std::to_string(max_threads));
+  }
+  if (max_threads == 0) {
     max_threads = std::min<int>(8, std::max(1u, std::thread::hardware_concurrency()));
   }
   if (total_bytes < kHostThreadingBytes) return 1;
-  return max_threads;
+  return std::min(max_threads, kMaxHostThreads);
 }
+
+// Lets workers copy only once every one of them has started: a thread that fails to
+// start then leaves nothing half-copied.
+class StartGate {
+ public:
+  // Blocks until Open(go); returns go.
+  bool Wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    opened_.wait(lock, [this] { return state_ != kClosed; });
+    return state_ == kGo;
+  }
+  void Open(bool go) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      state_ = go ? kGo : kAbort;
+    }
+    opened_.notify_all();
+  }
+
+ private:
+  enum { kClosed, kGo, kAbort } state_ = kClosed;
+  std::mutex mutex_;
+  std::condition_variable opened_;
+};
 
 }  // namespace
 
@@ -43,6 +74,9 @@ CopyResult HostCopy(const CopyBatch& batch, int max_threads) {
   int64_t total = 0;
   for (int64_t i = 0; i < batch.count; ++i) {
     starts[i] = total;
+    if (batch.size[i] > INT64_MAX - total) {
+      throw std::invalid_argument("sizes: add up to more than 2^63 - 1 bytes");
+    }
     total += batch.size[i];
   }
   result.bytes = total;
@@ -53,13 +87,25 @@ CopyResult HostCopy(const CopyBatch& batch, int max_threads) {
     CopyByteRange(batch, starts, 0, total);
     return result;
   }
+  StartGate gate;
   std::vector<std::thread> workers;
   workers.reserve(threads);
-  for (int t = 0; t < threads; ++t) {
-    const int64_t begin = total / threads * t;
-    const int64_t end = t + 1 == threads ? total : total / threads * (t + 1);
-    workers.emplace_back([&, begin, end] { CopyByteRange(batch, starts, begin, end); });
+  try {
+    for (int t = 0; t < threads; ++t) {
+      const int64_t begin = total / threads * t;
+      const int64_t end = t + 1 == threads ? total : total / threads * (t + 1);
+      workers.emplace_back([&, begin, end] {
+        if (gate.Wait()) CopyByteRange(batch, starts, begin, end);
+      });
+    }
+  } catch (const std::exception& e) {  // std::system_error, or std::bad_alloc
+    gate.Open(false);
+    for (std::thread& w : workers) w.join();
+    throw std::runtime_error("threads: could not start thread " + std::to_string(workers.size()) +
+                             " of " + std::to_string(threads) + " (" + e.what() +
+                             "); nothing copied");
   }
+  gate.Open(true);
   for (std::thread& w : workers) w.join();
   return result;
 }

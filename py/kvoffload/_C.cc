@@ -5,6 +5,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -48,6 +49,11 @@ int64_t ToInt64(nb::handle obj, const std::string& name) {
     throw nb::value_error((name + ": does not fit in int64").c_str());
   }
   return value;
+}
+
+// An int or an integer scalar (np.int64), not a bool or an array.
+bool IsIntScalar(nb::handle obj) {
+  return PyIndex_Check(obj.ptr()) && !PyBool_Check(obj.ptr()) && !PySequence_Check(obj.ptr());
 }
 
 // An int64 array argument: a view of a C-contiguous CPU DLPack array of rank `ndim`
@@ -139,7 +145,7 @@ cudaStream_t ToStream(nb::handle stream) {
     handle = pair[1];
   } else if (nb::hasattr(stream, "cuda_stream")) {
     handle = stream.attr("cuda_stream");
-  } else if (!PyLong_Check(stream.ptr()) || PyBool_Check(stream.ptr())) {
+  } else if (!IsIntScalar(stream)) {
     throw nb::type_error(("stream: expected None, an int handle, or a stream object with "
                           "__cuda_stream__ or cuda_stream, got " +
                           TypeName(stream))
@@ -152,7 +158,7 @@ cudaStream_t ToStream(nb::handle stream) {
 
 // One order for every copy (an int or SrcAccessOrder), or one per copy.
 std::vector<uint8_t> ToOrders(nb::handle order, int64_t count) {
-  if (PyLong_Check(order.ptr()) && !PyBool_Check(order.ptr())) {
+  if (IsIntScalar(order)) {
     const int64_t value = ToInt64(order, "order");
     if (!IsSrcAccessOrder(value)) {
       throw nb::value_error(("order: " + std::to_string(value) +
@@ -243,6 +249,23 @@ CopyResult PyHostCopy(nb::handle src, nb::handle dst, nb::handle sizes, int thre
   return RunHostCopy(arrays.Batch(nullptr), threads);
 }
 
+using Int64Vector = nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>;
+
+Int64Vector Snapshot(const Int64Array& array) {
+  auto* copy = new std::vector<int64_t>(array.data(), array.data() + array.size());
+  nb::capsule owner(copy, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
+  return Int64Vector(copy->data(), {copy->size()}, owner);
+}
+
+// Validated copies of src, dst and sizes, read once: what is checked against a registry
+// is what is copied, whatever the caller's arrays hold by then.
+nb::tuple PyCopyArrays(nb::handle src, nb::handle dst, nb::handle sizes) {
+  const CopyArrays arrays(src, dst, sizes);
+  Int64Vector s = Snapshot(arrays.src), d = Snapshot(arrays.dst), n = Snapshot(arrays.sizes);
+  ValidateCopyBatch(CopyBatch{s.data(), d.data(), n.data(), static_cast<int64_t>(n.size())});
+  return nb::make_tuple(s, d, n);
+}
+
 // A tensor seen as blocks along dim 0, each block's elements contiguous.
 struct BlockTensor {
   BlockTensor(nb::handle obj, const char* tensor_name, bool writable) : name(tensor_name) {
@@ -262,7 +285,7 @@ struct BlockTensor {
     }
     if (array.ndim() < 1) throw nb::value_error((name + ": needs a block dimension").c_str());
     int64_t elements = 1;
-    for (size_t d = array.ndim(); d-- > 1;) {
+    for (size_t d = array.ndim(); d-- > 1 && array.size() > 0;) {
       if (array.shape(d) != 1 && array.stride(d) != elements) {
         throw nb::value_error((name + ": each block (dims 1 and up) must be contiguous").c_str());
       }
@@ -317,6 +340,36 @@ void RequireStreamDevice(const BlockTensor& tensor, cudaStream_t stream) {
   }
 }
 
+// Refuses a mapping whose destination block shares bytes with a source block (src and
+// dst may be one tensor): copies run in parallel, so such a block would be torn.
+void RefuseAliasing(const std::vector<int64_t>& src, const std::vector<int64_t>& dst,
+                    int64_t block_bytes) {
+  struct Block {
+    int64_t start, row;
+    bool is_dst;
+  };
+  std::vector<Block> blocks;
+  blocks.reserve(2 * src.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    blocks.push_back({src[i], static_cast<int64_t>(i), false});
+    blocks.push_back({dst[i], static_cast<int64_t>(i), true});
+  }
+  std::sort(blocks.begin(), blocks.end(),
+            [](const Block& a, const Block& b) { return a.start < b.start; });
+  Block last[2] = {{0, -1, false}, {0, -1, true}};  // the last source and destination seen
+  for (const Block& b : blocks) {
+    const Block& other = last[!b.is_dst];
+    if (other.row >= 0 && other.start + block_bytes > b.start) {
+      const int64_t d = b.is_dst ? b.row : other.row, s = b.is_dst ? other.row : b.row;
+      throw nb::value_error(("block_mapping[" + std::to_string(d) + ", 1]: destination block "
+                             "shares memory with the source block of block_mapping[" +
+                             std::to_string(s) + ", 0]")
+                                .c_str());
+    }
+    last[b.is_dst] = b;
+  }
+}
+
 // Copies block mapping[i, 0] of src to block mapping[i, 1] of dst, for every i.
 CopyResult PyCopyBlocks(nb::handle src_obj, nb::handle dst_obj, nb::handle mapping_obj,
                         nb::handle stream, nb::handle order, int64_t max_copies_per_call) {
@@ -356,13 +409,14 @@ CopyResult PyCopyBlocks(nb::handle src_obj, nb::handle dst_obj, nb::handle mappi
     src_ptr[i] = src.Address(s);
     dst_ptr[i] = dst.Address(d);
   }
+  RefuseAliasing(src_ptr, dst_ptr, src.block_bytes);
+  const cudaStream_t s = ToStream(stream);
+  const std::vector<uint8_t> orders = ToOrders(order, count);
   if (src.on_host() && dst.on_host()) {
     return RunHostCopy(CopyBatch{src_ptr.data(), dst_ptr.data(), sizes.data(), count}, 0);
   }
-  const cudaStream_t s = ToStream(stream);
   RequireStreamDevice(src, s);
   RequireStreamDevice(dst, s);
-  const std::vector<uint8_t> orders = ToOrders(order, count);
   return RunBatchCopy(
       CopyBatch{src_ptr.data(), dst_ptr.data(), sizes.data(), count, orders.data()},
       s, BatchCopyOptions{max_copies_per_call, false});
@@ -410,6 +464,7 @@ NB_MODULE(_C, m) {
         nb::arg("slot_bytes") = int64_t{16} << 20, nb::arg("slots") = 4, nb::arg("max_ctas") = 8);
   m.def("host_copy", &PyHostCopy, nb::arg("src"), nb::arg("dst"), nb::arg("sizes"),
         nb::arg("threads") = 0);
+  m.def("copy_arrays", &PyCopyArrays, nb::arg("src"), nb::arg("dst"), nb::arg("sizes"));
   m.def("copy_blocks", &PyCopyBlocks, nb::arg("src"), nb::arg("dst"), nb::arg("block_mapping"),
         nb::arg("stream").none() = nb::none(),
         nb::arg("order") = static_cast<int>(SrcAccessOrder::kStream),
@@ -437,4 +492,5 @@ NB_MODULE(_C, m) {
   m.def("host_unregister", &HostUnregister, nb::arg("address"));
   m.def("is_pinned_host", &IsPinnedHost, nb::arg("address"));
   m.attr("HOST_THREADING_BYTES") = kHostThreadingBytes;
+  m.attr("MAX_HOST_THREADS") = kMaxHostThreads;
 }

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Sequence, Union
 
 from kvoffload import _C
-from kvoffload.registry import check_copies
+from kvoffload.registry import ANY, require_registry
 
 CudaError = _C.CudaError
 NoCudaDeviceError = _C.NoCudaDeviceError
@@ -26,6 +26,17 @@ CopyResult = _C.CopyResult
 Int64Array = Union[Sequence[int], Any]  # a 1-D int64 host array or a sequence of ints
 Stream = Any  # None, an int handle, or a stream object
 Orders = Union[SrcAccessOrder, int, Int64Array]
+
+
+def _checked(registry, src, dst, sizes, src_kind=ANY, dst_kind=ANY):
+    """The arrays validated and read once, then checked against ``registry``: the copy
+    gets the arrays that were checked, and bad arguments raise the same error in both
+    modes."""
+    checked = require_registry(registry)
+    src, dst, sizes = _C.copy_arrays(src, dst, sizes)
+    if checked is not None:
+        checked.check_copies(src, dst, sizes, src_kind, dst_kind)
+    return src, dst, sizes
 
 
 def batch_copy(
@@ -48,7 +59,7 @@ def batch_copy(
     ANY is safe only when nothing in flight writes the source. ``max_copies_per_call``
     splits the batch into driver calls of at most that many copies (0: one call).
     """
-    check_copies(registry, src, dst, sizes)
+    src, dst, sizes = _checked(registry, src, dst, sizes)
     return _C.batch_copy(src, dst, sizes, stream, order, max_copies_per_call, per_copy)
 
 
@@ -69,7 +80,7 @@ def kernel_copy(
     with a ValueError. Copies over ``piece_bytes`` are split so warps share them.
     Descriptors reach the GPU in stream order.
     """
-    check_copies(registry, src, dst, sizes)
+    src, dst, sizes = _checked(registry, src, dst, sizes)
     return _C.kernel_copy(src, dst, sizes, stream, max_ctas, piece_bytes)
 
 
@@ -93,7 +104,7 @@ def staged_copy(
     host side must be page-locked, the device side the stream's device's (ValueError).
     """
     host, device = ("host", "device") if host_is_src else ("device", "host")
-    check_copies(registry, src, dst, sizes, host, device)
+    src, dst, sizes = _checked(registry, src, dst, sizes, host, device)
     return _C.staged_copy(src, dst, sizes, host_is_src, stream, slot_bytes, slots, max_ctas)
 
 
@@ -102,9 +113,10 @@ def host_copy(src: Int64Array, dst: Int64Array, sizes: Int64Array, threads: int 
     """Copies host memory to host memory with memcpy; needs no GPU.
 
     Batches of at least ``HOST_THREADING_BYTES`` are split over ``threads`` threads
-    (0: the core count, at most 8). Ranges must not overlap.
+    (0: the core count, at most 8; never more than ``MAX_HOST_THREADS``). Ranges must
+    not overlap. A thread that cannot be started raises RuntimeError, nothing copied.
     """
-    check_copies(registry, src, dst, sizes, "host", "host")
+    src, dst, sizes = _checked(registry, src, dst, sizes, "host", "host")
     return _C.host_copy(src, dst, sizes, threads)
 
 
@@ -124,8 +136,13 @@ def copy_blocks(
     bounds-checked and no destination block may appear twice. Two host tensors take
     the host path; otherwise the copies go through ``batch_copy``. The tensors are the
     registered memory here: no copy leaves them. A CUDA tensor must be on the stream's
-    device.
+    device. Torch tensors with the conjugate or negative bit set are refused, as torch's
+    own DLPack export refuses them: their memory does not hold the values they show.
     """
+    for name, tensor in (("src", src), ("dst", dst)):
+        for bit, resolve in (("is_conj", "resolve_conj"), ("is_neg", "resolve_neg")):
+            if getattr(tensor, bit, lambda: False)():
+                raise ValueError(f"{name}: has its {bit[3:]} bit set; call {resolve}() first")
     return _C.copy_blocks(src, dst, block_mapping, stream, order, max_copies_per_call)
 
 
@@ -145,3 +162,4 @@ def batch_entry_point_version() -> int:
 
 
 HOST_THREADING_BYTES: int = _C.HOST_THREADING_BYTES
+MAX_HOST_THREADS: int = _C.MAX_HOST_THREADS

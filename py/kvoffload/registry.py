@@ -7,6 +7,11 @@ submitting it. The raw-pointer calls (``kv.batch_copy``, ``kernel_copy``, ``stag
 copied, or ``UNCHECKED``, the explicit mode for callers who register nothing: those
 calls then copy wherever they are told, after checking only that pointers and sizes are
 positive and (kernel and staged copies) that the memory is reachable from the GPU.
+
+A tensor registered with ``register_tensor`` is kept alive until ``unregister``: its
+memory cannot be freed and reused while copies may be checked against it. A region
+registered by address (``register``) is the caller's promise that the memory stays
+allocated until it is unregistered.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ class Unchecked:
 UNCHECKED = Unchecked()
 
 
+_END = 2**63  # every region ends at or below it: extents stay in int64
+
+
 @dataclasses.dataclass(frozen=True)
 class Region:
     name: str
@@ -36,10 +44,14 @@ class Region:
     nbytes: int
     kind: str
     device: int | None = None  # the CUDA device of device memory
+    owner: object = dataclasses.field(default=None, repr=False, compare=False)  # kept alive
 
     @property
     def end(self) -> int:
         return self.start + self.nbytes
+
+    def overlaps(self, start: int, end: int) -> bool:
+        return self.start < end and start < self.end
 
 
 def _int64_array(values, what: str) -> np.ndarray:
@@ -56,7 +68,29 @@ def _int64_array(values, what: str) -> np.ndarray:
     return array.astype(np.int64, copy=False)
 
 
+def _int(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what}: expected an int, got {type(value).__name__}")
+    return int(value)
+
+
+def tensor_span(tensor) -> tuple[int, int]:
+    """(address, bytes) of the memory a torch tensor's elements lie in: from its first
+    element to its last, whatever its strides (expanded, transposed, sliced)."""
+    if tensor.numel() == 0:
+        return tensor.data_ptr(), 0
+    if any(stride < 0 for stride in tensor.stride()):
+        raise ValueError("has a negative stride")
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    return tensor.data_ptr(), (last + 1) * tensor.element_size()
+
+
 class MemoryRegistry:
+    """Regions of host and device memory, each a name, an address range and a kind.
+
+    Safe to read from several threads; register and unregister from one at a time.
+    """
+
     def __init__(self):
         self._regions: list[Region] = []
         self._index: dict[str, tuple[np.ndarray, np.ndarray, list[Region]]] = {}
@@ -65,40 +99,67 @@ class MemoryRegistry:
     def regions(self) -> tuple[Region, ...]:
         return tuple(self._regions)
 
-    def register(self, name: str, start: int, nbytes: int, kind: str, device: int | None = None) -> None:
+    def overlapping(self, start: int, nbytes: int) -> list[Region]:
+        """The regions that share a byte with [start, start + nbytes)."""
+        return [r for r in self._regions if r.overlaps(start, start + nbytes)]
+
+    def register(self, name: str, start: int, nbytes: int, kind: str, device: int | None = None,
+                 *, owner=None) -> None:
         """Adds [start, start + nbytes) as memory of ``kind`` ("device" or "host"; host
-        memory that GPU paths copy must be page-locked), on CUDA ``device``."""
+        memory that GPU paths copy must be page-locked), on CUDA ``device``. The memory
+        must stay allocated until ``unregister(name)``; ``owner`` is kept alive until then."""
         if kind not in KINDS:
             raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
+        start, nbytes = _int(start, "start"), _int(nbytes, "nbytes")
         if start <= 0 or nbytes <= 0:
             raise ValueError(f"{name}: needs a positive address and size, got {start:#x}, {nbytes}")
-        region = Region(name, int(start), int(nbytes), kind, device)
-        for other in self._regions:
-            if other.kind != kind and region.start < other.end and other.start < region.end:
-                raise ValueError(f"{name}: overlaps {other.name}, registered as {other.kind} memory")
-        self._regions.append(region)
-        self._index.clear()
+        if nbytes > _END - start:
+            raise ValueError(f"{name}: [{start:#x}, {start + nbytes:#x}) ends past 2^63")
+        if any(r.name == name for r in self._regions):
+            raise ValueError(f"{name}: is already registered")
+        for other in self.overlapping(start, nbytes):
+            if (other.kind, other.device) != (kind, device):
+                where = f"{other.kind} memory" + (f" of device {other.device}" if other.device is not None else "")
+                raise ValueError(f"{name}: overlaps {other.name}, registered as {where}")
+        self._regions = self._regions + [Region(name, start, nbytes, kind, device, owner)]
+        self._index = {}
 
     def register_tensor(self, name: str, tensor) -> None:
-        """Adds the bytes a torch tensor spans; CUDA tensors are device memory."""
-        span = (max(0, (tensor.shape[0] - 1) * tensor.stride(0)) if tensor.dim() else 0) * tensor.element_size()
-        nbytes = span + (tensor[0].numel() * tensor.element_size() if tensor.dim() and len(tensor) else 0)
-        self.register(name, tensor.data_ptr(), max(nbytes, 1), "device" if tensor.is_cuda else "host",
-                      tensor.device.index if tensor.is_cuda else None)
+        """Adds the bytes a torch tensor's elements span (CUDA tensors are device memory)
+        and keeps the tensor, so its memory, alive until ``unregister(name)``."""
+        try:
+            start, nbytes = tensor_span(tensor)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+        if nbytes == 0:
+            raise ValueError(f"{name}: has no elements")
+        self.register(name, start, nbytes, "device" if tensor.is_cuda else "host",
+                      tensor.device.index if tensor.is_cuda else None, owner=tensor)
+
+    def unregister(self, name: str) -> None:
+        """Removes the region ``name`` (and lets go of its tensor); later copies into it
+        are refused."""
+        if not any(r.name == name for r in self._regions):
+            raise KeyError(f"name: no region {name!r} is registered")
+        self._regions = [r for r in self._regions if r.name != name]
+        self._index = {}
 
     def _merged(self, kind: str):
-        """Disjoint intervals covering the regions of ``kind``, sorted, with the regions."""
-        if kind not in self._index:
+        """Disjoint intervals covering the regions of ``kind``, sorted, with the regions.
+        Only regions of one kind and device merge: no interval spans two kinds."""
+        index = self._index
+        if kind not in index:
             regions = sorted((r for r in self._regions if kind in (ANY, r.kind)), key=lambda r: r.start)
-            starts, ends = [], []
+            starts, ends, keys = [], [], []
             for r in regions:
-                if ends and r.start <= ends[-1]:
+                if ends and r.start <= ends[-1] and keys[-1] == (r.kind, r.device):
                     ends[-1] = max(ends[-1], r.end)
                 else:
                     starts.append(r.start)
                     ends.append(r.end)
-            self._index[kind] = (np.array(starts, np.int64), np.array(ends, np.int64), regions)
-        return self._index[kind]
+                    keys.append((r.kind, r.device))
+            index[kind] = (np.array(starts, np.int64), np.array(ends, np.int64), regions)
+        return index[kind]
 
     def check(self, addresses, sizes, kind: str, what: str = "copies") -> None:
         """Raises ValueError naming the first copy whose [address, address + size) is not
@@ -129,11 +190,12 @@ class MemoryRegistry:
         self.check(dst, sizes, dst_kind, "dst")
 
 
-def check_copies(registry, src, dst, sizes, src_kind: str = ANY, dst_kind: str = ANY) -> None:
-    """``registry.check_copies``, or nothing for UNCHECKED; anything else is a TypeError."""
+def require_registry(registry) -> MemoryRegistry | None:
+    """The registry of a raw-pointer call, or None for UNCHECKED; anything else is a
+    TypeError."""
     if registry is UNCHECKED:
-        return
+        return None
     if not isinstance(registry, MemoryRegistry):
         raise TypeError(f"registry: expected a MemoryRegistry or kvoffload.UNCHECKED, got "
                         f"{type(registry).__name__}")
-    registry.check_copies(src, dst, sizes, src_kind, dst_kind)
+    return registry
