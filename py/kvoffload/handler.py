@@ -17,16 +17,24 @@ Safety by construction:
   checked before the job is submitted.
 
 Failures: a job whose copying fails (a CUDA error part way) is reported failed once the
-copies it enqueued are done; other jobs and the handler go on. The CPU chunks a failed
-store wrote are marked partial: a load of them fails, without copying, until a store
-rewrites them. The GPU blocks of a failed load are the caller's to recompute.
+copies it enqueued are done; other jobs and the handler go on. The CPU sub-blocks a
+failed store wrote are marked partial: a load of any of them fails, without copying,
+until a store rewrites them; no other job fails because of it. The GPU blocks of a
+failed load are the caller's to recompute.
 Without a GPU (CPU tensors) the same jobs run on host threads with the host copy path.
+
+Threads: every public method may be called from any thread. Jobs are bookkept under one
+lock; ``wait`` and ``shutdown`` block without holding it, and results are collected
+from the oldest job of each lane only, so an interrupt (KeyboardInterrupt) leaves the
+handler usable.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
+import threading
 from typing import Hashable, Iterable, Sequence
 
 import numpy as np
@@ -35,7 +43,7 @@ from kvoffload import auto
 from kvoffload.descriptor_pool import DescriptorPool
 from kvoffload.host_pool import HostPool, kv_layout, pool_bytes
 from kvoffload.ordering import MemoryKind, PendingWrites, safe_order
-from kvoffload.planner import CPUSpec, GPUSpec, block_bytes, chunks_used, plan_transfer
+from kvoffload.planner import CPUSpec, GPUSpec, _require_int, chunks_used, plan_transfer, tensor_pages
 from kvoffload.registry import MemoryRegistry
 from kvoffload.transfer_lanes import CudaLanes, HostLanes
 
@@ -57,13 +65,14 @@ class TransferResult:
 
 @dataclasses.dataclass
 class _Job:
+    job_id: Hashable
     direction: Direction
     lane: str
     bytes: int
     gpu_keys: np.ndarray  # (group << 40) | block id
-    cpu_keys: np.ndarray  # (group << 40) | chunk id
-    descriptors: np.ndarray
-    handle: object
+    cpu_keys: np.ndarray  # (group << 40) | chunk id * blocks_per_chunk + sub-block
+    descriptors: np.ndarray | None = None
+    handle: object = None
     seq: int = 0  # submission number
 
     @property
@@ -72,16 +81,36 @@ class _Job:
 
     def conflicts_with(self, other: "_Job") -> bool:
         """Whether the two jobs touch the same bytes and one of them writes them."""
-        shared_gpu = np.isin(self.gpu_keys, other.gpu_keys).any()
-        shared_cpu = np.isin(self.cpu_keys, other.cpu_keys).any()
         if self.direction is not other.direction:
-            return bool(shared_gpu or shared_cpu)
-        return bool(shared_cpu if self.direction is Direction.STORE else shared_gpu)
+            return bool(np.isin(self.gpu_keys, other.gpu_keys).any() or self.reads_output_of(other))
+        keys = "cpu_keys" if self.direction is Direction.STORE else "gpu_keys"
+        return bool(np.isin(getattr(self, keys), getattr(other, keys)).any())
+
+    def reads_output_of(self, other: "_Job") -> bool:
+        """Whether this load reads CPU sub-blocks that the store ``other`` writes."""
+        return (self.direction is Direction.LOAD and other.direction is Direction.STORE
+                and bool(np.isin(self.cpu_keys, other.cpu_keys).any()))
 
 
 def _keys(ids: np.ndarray, counts: Sequence[int]) -> np.ndarray:
     groups = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
     return (groups << 40) | ids
+
+
+def _sub_block_keys(gpu: GPUSpec, cpu: CPUSpec, bpc: int) -> np.ndarray:
+    """The CPU sub-blocks a (planned, so valid) transfer touches, as keys."""
+    keys, chunk_at = [np.zeros(0, np.int64)], 0
+    for g, (n, first) in enumerate(zip(gpu.group_sizes, gpu.block_indices)):
+        position = first % bpc + np.arange(n, dtype=np.int64)
+        keys.append((g << 40) | (cpu.chunk_ids[chunk_at + position // bpc] * bpc + position % bpc))
+        chunk_at += chunks_used(n, first, bpc)
+    return np.concatenate(keys)
+
+
+def _one_id(job_ids) -> bool:
+    """A string or tuple is one job id, as is anything not iterable; lists, sets and
+    other iterables are several."""
+    return isinstance(job_ids, (str, bytes, tuple)) or not isinstance(job_ids, Iterable)
 
 
 class OffloadHandler:
@@ -105,35 +134,45 @@ class OffloadHandler:
         import torch
 
         gpu_tensors = [list(group) for group in gpu_tensors]
+        _require_int("blocks_per_chunk", blocks_per_chunk, 1)
         devices = {t.device for group in gpu_tensors for t in group}
         if len(devices) != 1:
             raise ValueError(f"gpu_tensors: expected one device, got {sorted(map(str, devices))}")
         device = devices.pop()
-        if isinstance(num_cpu_chunks, int):
+        if isinstance(num_cpu_chunks, (int, np.integer)):
             num_cpu_chunks = [num_cpu_chunks] * len(gpu_tensors)
+        if not isinstance(num_cpu_chunks, Iterable):
+            raise TypeError(f"num_cpu_chunks: expected an int or one per group, got "
+                            f"{type(num_cpu_chunks).__name__}")
+        num_cpu_chunks = [_require_int(f"num_cpu_chunks[{g}]", n, 0) for g, n in enumerate(num_cpu_chunks)]
         if len(num_cpu_chunks) != len(gpu_tensors):
             raise ValueError(f"num_cpu_chunks: has {len(num_cpu_chunks)} entries for "
                              f"{len(gpu_tensors)} groups")
-        pages = [[block_bytes(t, f"gpu_tensors[{g}][{i}]") if page_bytes is None else page_bytes[g]
-                  for i, t in enumerate(group)] for g, group in enumerate(gpu_tensors)]
+        if host_buffer is not None and not isinstance(host_buffer, torch.Tensor):
+            raise TypeError(f"host_buffer: expected a CPU torch tensor, got {type(host_buffer).__name__}")
+        pages = tensor_pages(gpu_tensors, page_bytes)
+        if method != "auto" and method not in auto.METHODS:
+            raise ValueError(f"method: expected 'auto' or one of {auto.METHODS}, got {method!r}")
 
         on_gpu = device.type == "cuda"
-        self.pool = HostPool(torch, pool_bytes(pages, num_cpu_chunks, blocks_per_chunk),
-                             host_buffer, pinned=on_gpu)
-        self.layout = kv_layout(gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk,
-                                self.pool.base, cpu_layout)
-        self.gpu_tensors = gpu_tensors
         self.registry = MemoryRegistry()
         for g, group in enumerate(gpu_tensors):
             for i, t in enumerate(group):
                 if t.numel():
                     self.registry.register_tensor(f"gpu_tensors[{g}][{i}]", t)
+        self.pool = HostPool(torch, pool_bytes(pages, num_cpu_chunks, blocks_per_chunk),
+                             host_buffer, pinned=on_gpu)
+        shared = self.registry.overlapping(self.pool.base, self.pool.nbytes)
+        if shared:
+            self.pool.release()
+            raise ValueError(f"host_buffer: overlaps {shared[0].name}")
         if self.pool.nbytes:
             self.registry.register("host pool", self.pool.base, self.pool.nbytes, "host")
+        self.layout = kv_layout(gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk,
+                                self.pool.base, cpu_layout)
+        self.gpu_tensors = gpu_tensors
         self._gpu_kind = "device" if on_gpu else "host"
         lanes = ["store", "load"] + (["expedited"] if expedited_loads else [])
-        if method != "auto" and method not in auto.METHODS:
-            raise ValueError(f"method: expected 'auto' or one of {auto.METHODS}, got {method!r}")
         if on_gpu and method == "auto":
             auto.calibration()  # loaded, or measured now (seconds) rather than in the first job
         self._lanes = (CudaLanes(torch, device, lanes, method, sm_budget) if on_gpu
@@ -141,22 +180,23 @@ class OffloadHandler:
         self._load_source = MemoryKind.PINNED_HOST if on_gpu else MemoryKind.PAGEABLE_HOST
         self._expedited = expedited_loads
         self._descriptors = DescriptorPool()
+        self._lock = threading.RLock()
         self._in_flight: dict[Hashable, _Job] = {}
-        self._chunk_writer: dict[int, int] = {}  # cpu key -> sequence number of its last store
+        self._lane_jobs = {lane: collections.deque() for lane in lanes}  # in flight, oldest first
+        self._writer: dict[int, int] = {}  # cpu sub-block key -> sequence number of its last store
         self._failed_stores: dict[int, Hashable] = {}  # sequence number -> job id
         self._submitted = 0
-        self._finished: list[TransferResult] = []
-        self._closed = False
+        self._ids: set = set()  # every job id ever submitted, for wait()
+        self._finished: dict[Hashable, TransferResult] = {}  # not yet collected
+        self._closing = self._closed = False
 
     def transfer_async(self, job_id: Hashable, src_spec: GPUSpec | CPUSpec,
                        dst_spec: GPUSpec | CPUSpec, expedite: bool = False) -> bool:
         """Plans and submits a job and returns at once: True if submitted, False if it
         failed at once (a load of partial chunks; get_finished() reports it). Raises
-        before submitting anything on a reused job id, specs that do not fit the layout
-        or copies outside the registered memory, or after shutdown."""
-        self._check_open()
-        if job_id in self._in_flight or any(r.job_id == job_id for r in self._finished):
-            raise ValueError(f"job_id: {job_id!r} is already in use")
+        before submitting anything on a job id in flight or not yet collected, specs
+        that do not fit the layout or copies outside the registered memory, or after
+        shutdown."""
         if isinstance(src_spec, GPUSpec) and isinstance(dst_spec, CPUSpec):
             direction, gpu, cpu = Direction.STORE, src_spec, dst_spec
         elif isinstance(src_spec, CPUSpec) and isinstance(dst_spec, GPUSpec):
@@ -164,97 +204,127 @@ class OffloadHandler:
         else:
             raise TypeError("src_spec, dst_spec: expected (GPUSpec, CPUSpec) for a store or "
                             "(CPUSpec, GPUSpec) for a load")
-        if expedite and (direction is Direction.STORE or not self._expedited):
-            raise ValueError("expedite: only for loads, on a handler made with expedited_loads=True")
-        plan = plan_transfer(self.layout, gpu, cpu)
+        with self._lock:
+            self._check_open()
+            if job_id in self._in_flight or job_id in self._finished:
+                raise ValueError(f"job_id: {job_id!r} is already in use")
+            if expedite and (direction is Direction.STORE or not self._expedited):
+                raise ValueError("expedite: only for loads, on a handler made with expedited_loads=True")
+            plan = plan_transfer(self.layout, gpu, cpu)
+            job = _Job(job_id, direction, "expedited" if expedite else direction.value, plan.total_bytes,
+                       _keys(gpu.block_ids, gpu.group_sizes),
+                       _sub_block_keys(gpu, cpu, self.layout.blocks_per_chunk))
+            self._collect()
+            return self._submit(job, plan)
 
-        bpc = self.layout.blocks_per_chunk
-        used = [chunks_used(n, b, bpc) for n, b in zip(gpu.group_sizes, gpu.block_indices)]
-        job = _Job(direction, "expedited" if expedite else direction.value, plan.total_bytes,
-                   _keys(gpu.block_ids, gpu.group_sizes), _keys(cpu.chunk_ids, used), None, None)
-        self._collect()
+    def _submit(self, job: _Job, plan) -> bool:
         waits = [other for other in self._in_flight.values()
                  if other.lane != job.lane and job.conflicts_with(other)]
-        if direction is Direction.STORE:
+        if job.direction is Direction.STORE:
             src, dst, sizes = plan.store()
             order = safe_order(MemoryKind.DEVICE, MemoryKind.PINNED_HOST, PendingWrites.UNKNOWN)
+            self.registry.check_copies(src, dst, sizes, self._gpu_kind, "host")
         else:
             src, dst, sizes = plan.load()
             pending = any(other.direction is Direction.STORE for other in waits)
             order = safe_order(self._load_source, MemoryKind.DEVICE,
                                PendingWrites.YES if pending else PendingWrites.NO)
-
-        if direction is Direction.STORE:
-            self.registry.check_copies(src, dst, sizes, self._gpu_kind, "host")
-        else:
             self.registry.check_copies(src, dst, sizes, "host", self._gpu_kind)
-            partial = [self._failed_stores[w] for w in map(self._chunk_writer.get, job.cpu_keys.tolist())
+            partial = [self._failed_stores[w] for w in map(self._writer.get, job.cpu_keys.tolist())
                        if w in self._failed_stores]
             if partial:
-                self._finished.append(TransferResult(
-                    job_id, False, direction, job.bytes, 0.0,
-                    f"reads CPU chunks left partial by failed store {partial[0]!r}; nothing copied"))
+                self._ids.add(job.job_id)
+                self._finished[job.job_id] = TransferResult(
+                    job.job_id, False, job.direction, job.bytes, 0.0,
+                    f"reads CPU chunks left partial by failed store {partial[0]!r}; nothing copied")
                 return False
 
-        job.descriptors = self._descriptors.acquire(src, dst, sizes)
+        descriptors = self._descriptors.acquire(src, dst, sizes)
         n = len(sizes)
-        job.handle = self._lanes.submit(
-            job.lane, "d2h" if direction is Direction.STORE else "h2d", job.descriptors[0, :n],
-            job.descriptors[1, :n], job.descriptors[2, :n], order, [w.handle for w in waits])
+        try:
+            job.handle = self._lanes.submit(
+                job.lane, "d2h" if job.direction is Direction.STORE else "h2d", descriptors[0, :n],
+                descriptors[1, :n], descriptors[2, :n], order, [w.handle for w in waits],
+                failing_with=[w.handle for w in waits if job.reads_output_of(w)])
+        except BaseException:
+            self._descriptors.release(descriptors)
+            raise
+        job.descriptors = descriptors
         self._submitted += 1
         job.seq = self._submitted
-        self._in_flight[job_id] = job
+        self._in_flight[job.job_id] = job
+        self._lane_jobs[job.lane].append(job)
+        self._ids.add(job.job_id)
         if job.writes_cpu:
-            self._chunk_writer.update(dict.fromkeys(job.cpu_keys.tolist(), job.seq))
+            self._writer.update(dict.fromkeys(job.cpu_keys.tolist(), job.seq))
         if self._lanes.submit_error(job.handle) is not None:
-            self._note_failure(job_id, job)
+            self._note_failure(job)
         return True
 
     def get_finished(self) -> list[TransferResult]:
         """The jobs that completed since the last call, without blocking."""
-        self._collect()
-        finished, self._finished = self._finished, []
-        return finished
+        with self._lock:
+            self._collect()
+            finished, self._finished = self._finished, {}
+        return list(finished.values())
 
-    def wait(self, job_ids: Iterable[Hashable]) -> None:
-        """Blocks until these jobs are done; ids of jobs already done are ignored."""
-        self._check_open()
-        for job_id in job_ids:
-            job = self._in_flight.get(job_id)
-            if job is not None:
-                self._lanes.wait(job.handle)
+    def wait(self, job_ids: Hashable | Iterable[Hashable]) -> None:
+        """Blocks until these jobs are done: one job id (a string or tuple is one id), or
+        a list or set of them. Jobs already done return at once; an id never submitted
+        raises ValueError."""
+        ids = [job_ids] if _one_id(job_ids) else list(job_ids)
+        with self._lock:
+            self._check_open()
+            unknown = [job_id for job_id in ids if job_id not in self._ids]
+            if unknown:
+                raise ValueError(f"job_ids: {unknown[0]!r} was never submitted")
+            handles = [self._in_flight[job_id].handle for job_id in ids if job_id in self._in_flight]
+        for handle in handles:
+            self._lanes.wait(handle)
 
     def shutdown(self) -> None:
         """Waits for every job, then releases the lanes and the pool."""
-        if self._closed:
-            return
-        self.wait(list(self._in_flight))
-        self._collect()
-        self._lanes.close()
-        self.pool.release()
-        self._closed = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closing = True
+            handles = [job.handle for job in self._in_flight.values()]
+        for handle in handles:
+            self._lanes.wait(handle)
+        with self._lock:
+            if self._closed:
+                return
+            self._collect()
+            self._lanes.close()
+            self.pool.release()
+            self._closed = True
 
     @property
     def descriptor_arrays_allocated(self) -> int:
         return self._descriptors.allocated
 
     def _collect(self) -> None:
-        for job_id, job in list(self._in_flight.items()):
-            if self._lanes.done(job.handle):
+        """Retires the finished jobs: a lane's jobs finish in order, so only each lane's
+        oldest is asked. Each job leaves its lane's queue before anything else happens
+        to it, so an interrupt cannot retire it twice."""
+        for jobs in self._lane_jobs.values():
+            while jobs and self._lanes.done(jobs[0].handle):
+                job = jobs.popleft()
                 seconds, error = self._lanes.finish(job.handle)
-                self._descriptors.release(job.descriptors)
-                del self._in_flight[job_id]
                 if error is not None:
-                    self._note_failure(job_id, job)
-                self._finished.append(
-                    TransferResult(job_id, error is None, job.direction, job.bytes, seconds, error))
+                    self._note_failure(job)
+                self._finished[job.job_id] = TransferResult(
+                    job.job_id, error is None, job.direction, job.bytes, seconds, error)
+                del self._in_flight[job.job_id]
+                descriptors, job.descriptors = job.descriptors, None
+                self._descriptors.release(descriptors)
 
-    def _note_failure(self, job_id: Hashable, job: _Job) -> None:
+    def _note_failure(self, job: _Job) -> None:
         if job.writes_cpu:
-            self._failed_stores[job.seq] = job_id
+            self._failed_stores[job.seq] = job.job_id
 
     def _check_open(self) -> None:
-        if self._closed:
+        if self._closed or self._closing:
             raise RuntimeError("the handler is shut down")
 
     def __enter__(self):

@@ -99,7 +99,8 @@ class HostPool:
         try:
             return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
         except RuntimeError as e:
-            raise PinnedMemoryError(f"could not allocate {nbytes} bytes of pinned host memory: {e}") from e
+            kind = "pinned host" if pinned else "host"
+            raise PinnedMemoryError(f"could not allocate {nbytes} bytes of {kind} memory: {e}") from e
 
     @staticmethod
     def _adopt(buffer, nbytes):

@@ -22,6 +22,9 @@ from typing import Sequence
 import numpy as np
 
 
+_ADDRESS_END = 2**63 - 1  # no extent may end past it
+
+
 def _require_int(name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
@@ -110,6 +113,13 @@ class KVLayout:
                     raise ValueError(
                         f"group {g} tensor {t}: cpu_stride {tensor.cpu_stride} cannot hold "
                         f"{self.blocks_per_chunk} pages of {tensor.page_bytes} bytes")
+                for side, base, stride, span, count in (
+                        ("GPU", tensor.gpu_base, tensor.gpu_stride, tensor.page_bytes, group.num_gpu_blocks),
+                        ("CPU", tensor.cpu_base, tensor.cpu_stride, self.blocks_per_chunk * tensor.page_bytes,
+                         group.num_cpu_chunks)):
+                    # In Python ints: the int64 overlap check below must not wrap.
+                    if count and base + (count - 1) * stride + span > _ADDRESS_END:
+                        raise ValueError(f"group {g} tensor {t}: its {side} extent ends past 2^63")
         if not tensors:
             return
         column = lambda f: np.array([getattr(t, f) for t in tensors], dtype=np.int64)
@@ -138,6 +148,7 @@ class KVLayout:
         """
         if len(gpu) != len(cpu):
             raise ValueError(f"cpu: has {len(cpu)} groups but gpu has {len(gpu)}")
+        pages = tensor_pages(gpu, page_bytes, "gpu")
         groups = []
         for g, (gpu_tensors, cpu_tensors) in enumerate(zip(gpu, cpu)):
             if len(gpu_tensors) != len(cpu_tensors):
@@ -145,10 +156,7 @@ class KVLayout:
                                  f"{len(gpu_tensors)}")
             tensors, blocks, chunks = [], set(), set()
             for t, (a, b) in enumerate(zip(gpu_tensors, cpu_tensors)):
-                block = block_bytes(a, f"gpu[{g}][{t}]")
-                page = block if page_bytes is None else page_bytes[g]
-                if page > block:
-                    raise ValueError(f"page_bytes[{g}]: {page} exceeds the {block}-byte GPU block")
+                page = pages[g][t]
                 if block_bytes(b, f"cpu[{g}][{t}]") < blocks_per_chunk * page:
                     raise ValueError(f"cpu[{g}][{t}]: a chunk cannot hold {blocks_per_chunk} "
                                      f"pages of {page} bytes")
@@ -176,6 +184,26 @@ def block_bytes(tensor, name: str) -> int:
             raise ValueError(f"{name}: each index of dim 0 must be contiguous")
         expected *= size
     return expected * tensor.element_size()
+
+
+def tensor_pages(gpu: Sequence[Sequence], page_bytes: Sequence[int] | None = None,
+                 name: str = "gpu_tensors") -> list[list[int]]:
+    """Bytes moved per block of every tensor, [group][tensor]: the whole block (each index
+    of dim 0 must be contiguous, page_bytes or not), or ``page_bytes[g]``, at most that."""
+    if page_bytes is not None and len(page_bytes) != len(gpu):
+        raise ValueError(f"page_bytes: has {len(page_bytes)} entries for {len(gpu)} groups")
+    pages = []
+    for g, group in enumerate(gpu):
+        blocks = [block_bytes(t, f"{name}[{g}][{i}]") for i, t in enumerate(group)]
+        if page_bytes is None:
+            pages.append(blocks)
+            continue
+        page = _require_int(f"page_bytes[{g}]", page_bytes[g], 1)
+        for block in blocks:
+            if page > block:
+                raise ValueError(f"page_bytes[{g}]: {page} exceeds the {block}-byte GPU block")
+        pages.append([page] * len(blocks))
+    return pages
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,14 +1,18 @@
 """Where transfer jobs run: CUDA streams on a GPU, or host threads without one.
 
-A lane runs its jobs in submission order; a job can also wait for jobs of other lanes.
-Both kinds measure each job's time from its first to its last byte moved. Lanes copy
-unchecked: the handler checks every job against its registry before submitting it.
+A lane runs its jobs in submission order, so they finish in that order; a job can also
+wait for jobs of other lanes, and fail when one of those it reads from failed
+(``failing_with``). Both kinds measure each job's time from its first to its last byte
+moved. Lanes copy unchecked: the handler checks every job against its registry before
+submitting it. One thread submits at a time (the handler's lock); ``done`` and ``wait``
+may be called from any thread, and a KeyboardInterrupt in ``wait`` leaves no lock held.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
+import queue
+import threading
 import time
 
 from kvoffload import auto
@@ -37,7 +41,8 @@ class CudaLanes:
                          for lane in lanes}
         self._events = []  # (start, end) pairs to reuse
 
-    def submit(self, lane, direction, src, dst, sizes, order, waits):
+    def submit(self, lane, direction, src, dst, sizes, order, waits, failing_with=()):
+        del failing_with  # a failed CUDA job marks its chunks partial as it is submitted
         stream = self._streams[lane]
         stream.wait_stream(self._torch.cuda.current_stream(self._device))
         for other in waits:
@@ -81,41 +86,69 @@ class CudaLanes:
             stream.synchronize()
 
 
+class _HostJob:
+    def __init__(self, src, dst, sizes, waits, failing_with):
+        self.args = (src, dst, sizes)
+        self.waits, self.failing_with = list(waits), list(failing_with)
+        self.seconds, self.error = 0.0, None
+        self.running = threading.Lock()  # held until the job is done
+        self.running.acquire()
+
+
 class HostLanes:
     """One worker thread per lane, copying host memory with memcpy."""
 
     def __init__(self, lanes: list[str]):
-        self._workers = {lane: concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=lane)
-                         for lane in lanes}
+        self._queues = {lane: queue.SimpleQueue() for lane in lanes}
+        self._threads = [threading.Thread(target=self._work, args=(q,), name=f"kvoffload {lane}",
+                                          daemon=True) for lane, q in self._queues.items()]
+        for thread in self._threads:
+            thread.start()
 
-    def submit(self, lane, direction, src, dst, sizes, order, waits):
+    def submit(self, lane, direction, src, dst, sizes, order, waits, failing_with=()):
         del direction, order  # a host copy reads its source when it runs
-        return self._workers[lane].submit(self._run, src, dst, sizes, list(waits))
+        job = _HostJob(src, dst, sizes, waits, failing_with)
+        self._queues[lane].put(job)
+        return job
 
     @staticmethod
-    def _run(src, dst, sizes, waits):
-        for other in waits:
-            if other.exception() is not None:
-                raise RuntimeError(f"depends on failed job: {other.exception()}")
-        start = time.perf_counter()
-        host_copy(src, dst, sizes, registry=UNCHECKED)
-        return time.perf_counter() - start
+    def _work(jobs: queue.SimpleQueue) -> None:
+        while (job := jobs.get()) is not None:
+            try:
+                for other in job.waits:
+                    HostLanes.wait(other)
+                failed = [other.error for other in job.failing_with if other.error is not None]
+                if failed:
+                    job.error = f"reads bytes a failed job left partial ({failed[0]}); nothing copied"
+                else:
+                    start = time.perf_counter()
+                    host_copy(*job.args, registry=UNCHECKED)
+                    job.seconds = time.perf_counter() - start
+            except Exception as e:  # reported as the job's failure
+                job.error = f"{type(e).__name__}: {e}"
+            finally:
+                job.running.release()
 
     @staticmethod
     def submit_error(handle) -> str | None:
         del handle  # a host job fails only as it runs
         return None
 
-    def done(self, handle) -> bool:
-        return handle.done()
+    @staticmethod
+    def done(handle) -> bool:
+        return not handle.running.locked()
 
-    def wait(self, handle) -> None:
-        concurrent.futures.wait([handle])
+    @staticmethod
+    def wait(handle) -> None:
+        with handle.running:  # a C lock: an interrupt cannot leave it held
+            pass
 
-    def finish(self, handle) -> tuple[float, str | None]:
-        error = handle.exception()
-        return (0.0, f"{type(error).__name__}: {error}") if error else (handle.result(), None)
+    @staticmethod
+    def finish(handle) -> tuple[float, str | None]:
+        return handle.seconds, handle.error
 
     def close(self) -> None:
-        for worker in self._workers.values():
-            worker.shutdown(wait=True)
+        for q in self._queues.values():
+            q.put(None)
+        for thread in self._threads:
+            thread.join()
