@@ -2,12 +2,16 @@
 path choice, and the no-device error."""
 
 import functools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 import kvoffload as kv
+from kvoffload.batch_copy import MAX_HOST_THREADS
 from scatter import POISON, poisoned, random_bytes, scatter
 
 HOST_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
@@ -319,3 +323,115 @@ class TestCopyBlocks:
         overlapping = flat.as_strided((4, 2, 3, 5), (10, 15, 5, 1))
         with pytest.raises(ValueError, match=r"dst: blocks overlap"):
             kv.copy_blocks(src, overlapping, torch.tensor([[0, 0]]))
+
+
+def test_host_copy_threads_are_capped_and_validated(rng):
+    n = kv.HOST_THREADING_BYTES
+    src, dst = random_bytes(rng, n), poisoned(n)
+    result = kv.host_copy([src.ctypes.data], [dst.ctypes.data], [n], threads=40000, registry=kv.UNCHECKED)
+    assert result.driver_calls == MAX_HOST_THREADS
+    np.testing.assert_array_equal(dst, src)
+    with pytest.raises(ValueError, match=r"threads: must be >= 0, got -1"):
+        kv.host_copy([src.ctypes.data], [dst.ctypes.data], [n], threads=-1, registry=kv.UNCHECKED)
+
+
+_NO_ROOM_FOR_THREADS = """
+import resource, sys
+import numpy as np
+import kvoffload as kv
+n = kv.HOST_THREADING_BYTES
+rng = np.random.default_rng(int(sys.argv[1]))
+src, dst = rng.integers(0, 256, n, dtype=np.uint8), np.full(n, 0xA5, np.uint8)
+vm_kib = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize"))
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+resource.setrlimit(resource.RLIMIT_AS, ((vm_kib << 10) + (4 << 20), hard))  # room for no thread stacks
+try:
+    kv.host_copy([src.ctypes.data], [dst.ctypes.data], [n], threads=64, registry=kv.UNCHECKED)
+    outcome = "copied"
+except RuntimeError as e:
+    outcome = "refused" if "could not start thread" in str(e) else repr(e)
+resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+print(outcome, bool((dst == src).all()) if outcome == "copied" else bool((dst == 0xA5).all()))
+"""
+
+
+def test_a_thread_that_cannot_start_raises_and_copies_nothing(rng):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run([sys.executable, "-c", _NO_ROOM_FOR_THREADS, str(rng.integers(1 << 30))],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["refused", "True"]
+
+
+def test_sizes_adding_up_past_int64_are_refused(rng):
+    src, dst = random_bytes(rng, 64), poisoned(64)
+    huge = [int(x) for x in rng.integers(2**61, 2**62, 4)]  # each fits after its pointer
+    with pytest.raises(ValueError, match=r"sizes: add up to more than 2\^63 - 1 bytes"):
+        kv.host_copy([src.ctypes.data] * 4, [dst.ctypes.data] * 4, huge, registry=kv.UNCHECKED)
+    assert (dst == POISON).all()
+
+
+class TestCopyBlocksSoundness:
+    def test_a_block_both_read_and_written_is_refused(self, rng):
+        for _ in range(20):
+            blocks = int(rng.integers(4, 64))
+            cache = torch.from_numpy(rng.integers(0, 256, (blocks, 4096), dtype=np.uint8))
+            ids = rng.permutation(blocks)
+            half = len(ids) // 2
+            mapping = np.stack([ids[:half], ids[half:2 * half]], axis=1)
+            want = cache.clone()
+            want[mapping[:, 1]] = cache[mapping[:, 0]]
+            shared = mapping.copy()
+            i, j = rng.integers(0, half, 2)
+            shared[i, 1] = shared[j, 0]
+            before = cache.clone()
+            with pytest.raises(ValueError, match=rf"block_mapping\[{i}, 1\]: destination block shares memory "
+                                                 rf"with the source block of block_mapping\[{j}, 0\]"):
+                kv.copy_blocks(cache, cache, shared)
+            assert torch.equal(cache, before)
+            kv.copy_blocks(cache, cache, mapping)  # disjoint blocks of one tensor: fine
+            assert torch.equal(cache, want)
+
+    def test_views_of_one_tensor_that_overlap_are_refused(self, rng):
+        cache = torch.from_numpy(rng.integers(0, 256, (8, 512), dtype=np.uint8))
+        before = cache.clone()
+        with pytest.raises(ValueError, match=r"shares memory"):
+            kv.copy_blocks(cache[:5], cache[3:], np.array([[1, 0], [3, 2]]))  # block 3 is read and written
+        assert torch.equal(cache, before)
+        kv.copy_blocks(cache[:5], cache[3:], np.array([[1, 1], [0, 3]]))  # reads 0, 1; writes 4, 6
+        assert torch.equal(cache[4], before[1]) and torch.equal(cache[6], before[0])
+
+    @pytest.mark.parametrize("side", ["src", "dst"])
+    @pytest.mark.parametrize("bit", ["conj", "neg"])
+    def test_tensors_with_a_conjugate_or_negative_bit_are_refused(self, rng, side, bit):
+        values = torch.from_numpy(rng.standard_normal((6, 4, 2)).astype(np.float32))
+        tensor = torch.view_as_complex(values.clone())
+        plain = torch.full_like(tensor, 7.0)
+        lazy = tensor.conj() if bit == "conj" else torch._neg_view(tensor)
+        src, dst = (lazy, plain) if side == "src" else (plain, lazy)
+        before = dst.resolve_conj().resolve_neg().clone()
+        with pytest.raises(ValueError, match=rf"{side}: has its {bit} bit set; call resolve_{bit}\(\) first"):
+            kv.copy_blocks(src, dst, np.array([[0, 1], [2, 3]]))
+        assert torch.equal(dst.resolve_conj().resolve_neg(), before)
+
+    def test_empty_tensors_and_blocks(self):
+        for shape in [(0, 8), (4, 0), (4, 0, 3), (0,)]:
+            src, dst = np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)
+            assert kv.copy_blocks(src, dst, np.zeros((0, 2), np.int64)).copies == 0
+
+    @pytest.mark.parametrize("kwargs,error,message", [
+        (dict(order=99), ValueError, r"order: 99 is not a source access order"),
+        (dict(stream="bogus"), TypeError, r"stream: expected None, an int handle"),
+        (dict(order=[1]), ValueError, r"order: has 1 entries but there are 2 copies"),
+    ])
+    def test_the_host_path_checks_order_and_stream(self, rng, kwargs, error, message):
+        src, dst = _block_tensors(rng, np.ascontiguousarray)
+        with pytest.raises(error, match=message):
+            kv.copy_blocks(src, dst, np.array([[0, 1], [2, 3]]), **kwargs)
+        assert (dst == -7.0).all()
+
+    def test_numpy_integers_for_order_and_stream(self, rng):
+        src, dst = _block_tensors(rng, np.ascontiguousarray)
+        kv.copy_blocks(src, dst, np.array([[5, 1]]), stream=np.int64(0), order=np.int64(3))
+        np.testing.assert_array_equal(dst[1], src[5])
+        assert kv.device_path(np.int64(CREATED_STREAM), True) == kv.device_path(CREATED_STREAM, True)

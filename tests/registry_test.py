@@ -1,6 +1,9 @@
 """kvoffload.registry: regions, the check that every copy stays inside them, and that the
 pointer calls and the handler run it."""
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -139,3 +142,142 @@ def test_the_handler_checks_every_job_against_its_registry():
     handler.wait(["inside"])
     assert handler.get_finished()[0].success
     handler.shutdown()
+
+
+def test_a_registered_tensor_is_kept_alive_until_unregistered():
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        tensor = torch.from_numpy(rng.integers(0, 256, int(rng.integers(1, 1 << 16)), dtype=np.uint8))
+        start, nbytes, alive = tensor.data_ptr(), tensor.numel(), weakref.ref(tensor)
+        r = MemoryRegistry()
+        r.register_tensor("t", tensor)
+        del tensor
+        gc.collect()
+        assert alive() is not None  # its memory cannot be reused while copies are checked against it
+        r.check([start], [nbytes], "host")
+        r.unregister("t")
+        gc.collect()
+        assert alive() is None
+        with pytest.raises(ValueError, match=r"no region of host memory is registered"):
+            r.check([start], [nbytes], "host")
+    with pytest.raises(KeyError, match=r"no region 't' is registered"):
+        r.unregister("t")
+
+
+VIEWS = {  # a view of a random [rows, cols] tensor and the elements it spans
+    "expanded": lambda t: t[:, :1].expand(-1, 1000),
+    "transposed": lambda t: t.t(),
+    "every other column": lambda t: t[:, ::2],
+    "one column": lambda t: t[:, 3],
+    "broadcast row": lambda t: t[:1].expand(5, -1),
+}
+
+
+@pytest.mark.parametrize("view", VIEWS.keys())
+def test_register_tensor_spans_exactly_the_bytes_a_view_reaches(view):
+    rng = np.random.default_rng(len(view))
+    base = torch.from_numpy(rng.standard_normal((int(rng.integers(2, 9)), 8)).astype(np.float32))
+    tensor = VIEWS[view](base)
+    offsets = [sum(i * s for i, s in zip(index, tensor.stride())) for index in np.ndindex(*tensor.shape)]
+    first, last = tensor.data_ptr(), tensor.data_ptr() + 4 * (max(offsets) + 1)
+    r = MemoryRegistry()
+    r.register_tensor("view", tensor)
+    r.check([first], [last - first], "host")  # every byte the view reaches
+    for outside in ([first - 1], [last]):
+        with pytest.raises(ValueError, match=r"outside registered host memory"):
+            r.check(outside, [1], "host")
+    assert r.regions[0].start == first and r.regions[0].end == last
+
+
+def test_a_copy_may_not_span_adjacent_regions_of_two_kinds():
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        start, host, device = (int(x) for x in rng.integers(1 << 20, 1 << 30, 3))
+        r = MemoryRegistry()
+        r.register("host", start, host, "host")
+        r.register("device", start + host, device, "device", 0)
+        r.register("more host", start + host + device, host, "host")
+        r.check([start, start + host], [host, device], "any")
+        edge = int(rng.integers(1, min(host, device)))
+        with pytest.raises(ValueError, match=r"copies\[0\]: .* outside registered memory"):
+            r.check([start + host - edge], [2 * edge], "any")
+        with pytest.raises(ValueError, match=r"copies\[0\]"):
+            r.check([start + host + device - edge], [2 * edge], "any")
+
+
+@pytest.mark.parametrize("start,nbytes,error,message", [
+    (2**63 - 16, 32, ValueError, r"x: \[0x7ffffffffffffff0, 0x8000000000000010\) ends past 2\^63"),
+    (1, 2**63, ValueError, r"x: .* ends past 2\^63"),
+    (2**64, 16, ValueError, r"ends past 2\^63"),
+    (4096.0, 16, TypeError, r"start: expected an int, got float"),
+    (0x1000, True, TypeError, r"nbytes: expected an int, got bool"),
+])
+def test_registrations_that_would_break_later_checks_are_refused(start, nbytes, error, message):
+    r = registry()
+    with pytest.raises(error, match=message):
+        r.register("x", start, nbytes, "host")
+    r.check([0x10000], [16], "host")  # and the registry still works
+    assert [region.name for region in r.regions] == ["pool", "pool tail", "layer 0"]
+
+
+def test_a_name_is_registered_once_and_devices_do_not_overlap():
+    r = registry()
+    with pytest.raises(ValueError, match=r"pool: is already registered"):
+        r.register("pool", 0x20000, 16, "host")
+    r.register("gpu 0", 0x200000, 0x1000, "device", 0)
+    with pytest.raises(ValueError, match=r"gpu 1: overlaps gpu 0, registered as device memory of device 0"):
+        r.register("gpu 1", 0x200800, 0x1000, "device", 1)
+
+
+BAD_ARGUMENTS = {  # (src, dst, sizes) as offsets into src and dst; what must be raised
+    "zero size": (lambda s, d: ([s], [d], [0]), ValueError, r"sizes\[0\]: must be > 0, got 0"),
+    "negative size": (lambda s, d: ([s], [d + 64], [-64]), ValueError, r"sizes\[0\]: must be > 0, got -64"),
+    "null src": (lambda s, d: ([s, 0], [d, d + 8], [8, 8]), ValueError, r"src\[1\]: null pointer"),
+    "negative dst": (lambda s, d: ([s], [-d], [8]), ValueError, r"dst\[0\]: negative address"),
+    "2-D src": (lambda s, d: (np.array([[s]]), [d], [8]), ValueError, r"src: expected a 1-D array, got 2-D"),
+    "float size": (lambda s, d: ([s], [d], [8.0]), TypeError, r"sizes\[0\]: expected an int"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_ARGUMENTS.keys())
+def test_a_registry_does_not_change_the_argument_errors(case):
+    src, dst = host_pair(np.random.default_rng(5))
+    change, error, message = BAD_ARGUMENTS[case]
+    args = change(src.ctypes.data, dst.ctypes.data)
+    for r in (kv.UNCHECKED, registered(src, dst)):
+        with pytest.raises(error, match=message):
+            kv.host_copy(*args, registry=r)
+    assert (dst == 0xA5).all()
+
+
+class Shifting(list):
+    """A sequence of ints that reads differently each time it is read."""
+
+    def __init__(self, first, later):
+        super().__init__(first)
+        self.later = later
+        self.reads = 0
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return super().__getitem__(i) if self.reads <= len(self) else self.later[i]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __array__(self, dtype=None, copy=None):
+        return np.array([self[i] for i in range(len(self))], dtype=dtype)
+
+
+def test_the_arrays_checked_are_the_arrays_copied():
+    rng = np.random.default_rng(6)
+    src, dst = host_pair(rng)
+    unregistered = np.full(4096, 0xA5, np.uint8)
+    r = registered(src, dst)
+    offsets = rng.integers(0, 4096 - 64, 8)
+    inside = (offsets + dst.ctypes.data).tolist()
+    outside = (offsets + unregistered.ctypes.data).tolist()
+    kv.host_copy((offsets + src.ctypes.data).tolist(), Shifting(inside, outside), [64] * 8, registry=r)
+    assert (unregistered == 0xA5).all()
+    for o in offsets:
+        np.testing.assert_array_equal(dst[o:o + 64], src[o:o + 64])

@@ -285,14 +285,14 @@ struct BlockTensor {
     }
     if (array.ndim() < 1) throw nb::value_error((name + ": needs a block dimension").c_str());
     int64_t elements = 1;
-    for (size_t d = array.ndim(); d-- > 1 && array.size() > 0;) {
-      if (array.shape(d) != 1 && array.stride(d) != elements) {
+    for (size_t d = array.ndim(); d-- > 1;) {
+      if (array.size() > 0 && array.shape(d) != 1 && array.stride(d) != elements) {
         throw nb::value_error((name + ": each block (dims 1 and up) must be contiguous").c_str());
       }
       elements *= static_cast<int64_t>(array.shape(d));
     }
     blocks = static_cast<int64_t>(array.shape(0));
-    if (blocks > 1 && array.stride(0) < elements) {
+    if (blocks > 1 && elements > 0 && array.stride(0) < elements) {
       throw nb::value_error((name + ": blocks overlap (dim-0 stride " +
                              std::to_string(array.stride(0)) + " < block size " +
                              std::to_string(elements) + " elements)")
