@@ -1,6 +1,13 @@
 """kvoffload.handler on a machine without a GPU: jobs on host threads, the same API
 and the same ordering rules as on a GPU."""
 
+import concurrent.futures
+import linecache
+import signal
+import sys
+import threading
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -8,10 +15,10 @@ import torch
 import kvoffload.transfer_lanes
 from kvoffload.handler import OffloadHandler
 from kvoffload.host_pool import cpu_tensor_layouts, pool_bytes
-from kvoffload.planner import CPUSpec, GPUSpec
-from kv_model import (a_failure_mid_job_fails_that_job_only, check, copy_half_then_fail,
-                      make_handler, multi_group_with_an_empty_and_an_unaligned_group, soak,
-                      store_then_load_skipping_first_blocks)
+from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
+from kv_model import (POISON, a_failure_mid_job_fails_that_job_only, check, check_gpu_and_chunks,
+                      copy_half_then_fail, make_handler, multi_group_with_an_empty_and_an_unaligned_group,
+                      run_job, soak, store_then_load_skipping_first_blocks)
 
 LAYOUTS = ["chunk_major", "per_tensor"]
 
@@ -123,3 +130,306 @@ def test_gpu_tensors_on_two_devices_are_rejected():
     with pytest.raises(ValueError, match=r"gpu_tensors: expected one device"):
         OffloadHandler(gpu, 4, 2)
 
+
+
+def random_job(rng, layout, blocks, chunks):
+    """A random store or load of one group over these GPU blocks and CPU chunks."""
+    bpc = layout.blocks_per_chunk
+    first = int(rng.integers(0, bpc))
+    n = int(rng.integers(1, min(len(blocks), (len(chunks) - 1) * bpc) + 1))
+    ids = rng.permutation(blocks)[:n]
+    chunk_ids = rng.permutation(chunks)[: chunks_used(n, first, bpc)]
+    return ("store" if rng.random() < 0.5 else "load"), ids, [n], [first], chunk_ids
+
+
+def submit(handler, model, job_id, direction, ids, sizes, firsts, chunk_ids):
+    gpu, cpu = GPUSpec(ids, sizes, firsts), CPUSpec(chunk_ids)
+    assert handler.transfer_async(job_id, *((gpu, cpu) if direction == "store" else (cpu, gpu)))
+    getattr(model, direction)(ids, sizes, firsts, chunk_ids)
+
+
+def test_every_method_is_safe_from_several_threads():
+    rng = np.random.default_rng(21)
+    handler, model = make_handler(rng, [256], [2], num_blocks=64, num_chunks=48, bpc=2, cpu_layout="chunk_major")
+    done = threading.Event()
+    collected = []
+
+    def collect():
+        while not done.is_set():
+            collected.extend(handler.get_finished())
+
+    def run(t, seed):
+        # Each thread owns blocks and chunks no other thread touches: its jobs' outcome
+        # depends only on their order, which is its own.
+        local = np.random.default_rng(seed)
+        blocks, chunks = np.arange(16 * t, 16 * t + 16), np.arange(12 * t, 12 * t + 12)
+        for j in range(150):
+            submit(handler, model, (t, j), *random_job(local, handler.layout, blocks, chunks))
+            if local.random() < 0.1:
+                handler.wait([(t, j)])
+        return [(t, j) for j in range(150)]
+
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
+        collector = pool.submit(collect)
+        ids = sum((f.result() for f in [pool.submit(run, t, s) for t, s in enumerate(rng.integers(1 << 30, size=4))]),
+                  [])
+        done.set()
+        collector.result()
+    handler.wait(ids)
+    collected += handler.get_finished()
+    assert sorted(r.job_id for r in collected) == sorted(ids) and all(r.success for r in collected)
+    check(handler, model)
+    assert handler.descriptor_arrays_allocated <= 600
+    handler.shutdown()
+
+
+class BlockToChunk:
+    """Jobs over 32 chunks whose outcome does not depend on which of them ran: a store
+    copies block b to chunk b, a load chunk b to block 32 + b. So whatever interrupts
+    leave unsubmitted, every byte is poison, its old value, or block b's."""
+
+    def __init__(self, rng):
+        self.handler, _ = make_handler(rng, [128], [2], num_blocks=64, num_chunks=32, bpc=1,
+                                       cpu_layout="chunk_major")
+        self.before = [t.clone().numpy() for t in self.handler.gpu_tensors[0]]
+
+    @staticmethod
+    def specs(rng):
+        b = rng.permutation(32)[: int(rng.integers(1, 5))]
+        if rng.random() < 0.5:
+            return GPUSpec(b, [len(b)], [0]), CPUSpec(b)
+        return CPUSpec(b), GPUSpec(b + 32, [len(b)], [0])
+
+    def finish(self, submitted, results):
+        """Waits for the jobs and checks every result and byte; shuts the handler down."""
+        self.handler.wait(submitted)
+        results += self.handler.get_finished()
+        ids = [r.job_id for r in results]
+        assert len(ids) == len(set(ids)) and all(r.success for r in results)
+        pool = self.handler.pool.tensor.numpy().reshape(32, 2, 128)
+        for t, tensor in enumerate(self.handler.gpu_tensors[0]):
+            original, now = self.before[t], tensor.numpy()
+            np.testing.assert_array_equal(now[:32], original[:32])
+            for b in range(32):
+                assert any((pool[b, t] == want).all() for want in (POISON, original[b]))
+                assert any((now[32 + b] == want).all() for want in (POISON, original[b], original[32 + b]))
+        self.handler.shutdown()
+
+
+def test_repeated_sigints_leave_the_handler_usable():
+    rng = np.random.default_rng(22)
+    jobs = BlockToChunk(rng)
+    armed = [False]
+
+    def on_sigint(signum, frame):
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+
+    def interrupted(call):
+        try:
+            armed[0] = True
+            value = call()
+            armed[0] = False
+            return value, False
+        except KeyboardInterrupt:
+            return None, True
+
+    def storm(seed):
+        local = np.random.default_rng(seed)
+        while not stop.is_set():
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            time.sleep(local.uniform(0, 5e-5))
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    stop = threading.Event()
+    storm_thread = threading.Thread(target=storm, args=(int(rng.integers(1 << 30)),))
+    storm_thread.start()
+    submitted, results, interrupts = [], [], 0
+    try:
+        for job in range(1500):
+            specs = jobs.specs(rng)
+            _, hit = interrupted(lambda: jobs.handler.transfer_async(job, *specs))
+            submitted += [] if hit else [job]
+            finished, hit_finished = interrupted(jobs.handler.get_finished)
+            results += finished or []
+            _, hit_wait = interrupted(lambda: jobs.handler.wait(submitted[-rng.integers(1, 5):]))
+            interrupts += hit + hit_finished + hit_wait
+    finally:
+        stop.set()
+        storm_thread.join()
+        signal.signal(signal.SIGINT, previous)
+    assert interrupts > 0
+    jobs.finish(submitted, results)
+
+
+_INTERRUPTIBLE = ("kvoffload/handler.py", "kvoffload/transfer_lanes.py", "kvoffload/descriptor_pool.py",
+                  "/threading.py", "/queue.py", "concurrent/futures/_base.py", "concurrent/futures/thread.py")
+
+
+def interrupt_at_line(n, call) -> bool:
+    """Runs ``call`` with a KeyboardInterrupt raised at the n-th line it runs in the
+    handler, its lanes or Python's threading code; returns whether it was raised.
+
+    Not at a ``with`` line: the tracer sees it again as the block exits, where Python
+    checks for signals only once the context manager's __exit__ has run."""
+    lines = [0]
+
+    def local(frame, event, arg):
+        if event == "line" and not linecache.getline(frame.f_code.co_filename, frame.f_lineno).lstrip().startswith("with "):
+            lines[0] += 1
+            if lines[0] == n:
+                raise KeyboardInterrupt
+        return local
+
+    sys.settrace(lambda frame, event, arg: local if frame.f_code.co_filename.endswith(_INTERRUPTIBLE) else None)
+    try:
+        call()
+        return False
+    except KeyboardInterrupt:
+        return True
+    finally:
+        sys.settrace(None)
+
+
+def test_an_interrupt_at_any_line_leaves_the_handler_usable():
+    rng = np.random.default_rng(26)
+    jobs = BlockToChunk(rng)
+    submitted, results = [], []
+    n = 0
+    while True:  # one job per line the job's calls run, interrupted at that line
+        n += 1
+        job, specs = n, jobs.specs(rng)
+        calls = [lambda: jobs.handler.transfer_async(job, *specs), lambda: submitted.append(job),
+                 lambda: jobs.handler.wait(submitted[-3:]), lambda: results.extend(jobs.handler.get_finished())]
+        if not interrupt_at_line(n, lambda: [call() for call in calls]):
+            break
+    assert n > 50
+    jobs.finish(submitted, results)
+
+
+@pytest.fixture
+def gated_failure(monkeypatch):
+    """(arm, gate): once armed, the next host copy copies half and fails; every host copy
+    waits while the gate is clear."""
+    gate = threading.Event()
+    gate.set()
+    failing, arm = copy_half_then_fail(kvoffload.transfer_lanes.host_copy, OSError("injected failure"))
+
+    def gated(*args, **kwargs):
+        gate.wait()
+        return failing(*args, **kwargs)
+
+    monkeypatch.setattr(kvoffload.transfer_lanes, "host_copy", gated)
+    yield arm, gate
+    gate.set()  # a failed test leaves no worker waiting
+
+
+def test_a_partial_restore_keeps_the_failed_sub_blocks_partial(gated_failure):
+    rng = np.random.default_rng(23)
+    for trial in range(5):
+        bpc = int(rng.integers(2, 6))
+        handler, model = make_handler(rng, [int(rng.integers(1, 5)) * 64], [2], num_blocks=24, num_chunks=6,
+                                      bpc=bpc, cpu_layout="chunk_major")
+        arm, _ = gated_failure
+        chunk = int(rng.integers(6))
+        split = int(rng.integers(1, bpc))
+        arm()
+        handler.transfer_async("bad", GPUSpec(rng.permutation(24)[:split], [split], [0]), CPUSpec([chunk]))
+        submit(handler, model, "good", "store", rng.permutation(24)[: bpc - split], [bpc - split], [split], [chunk])
+        handler.wait(["bad", "good"])
+        results = {r.job_id: r.success for r in handler.get_finished()}
+        assert results == {"bad": False, "good": True}
+        assert not handler.transfer_async("whole", CPUSpec([chunk]), GPUSpec(rng.permutation(24)[:bpc], [bpc], [0]))
+        (whole,) = handler.get_finished()
+        assert not whole.success and "left partial by failed store 'bad'" in whole.error
+        submit(handler, model, "rewritten part", "load", rng.permutation(24)[: bpc - split], [bpc - split],
+               [split], [chunk])
+        handler.wait("rewritten part")
+        assert [r.success for r in handler.get_finished()] == [True]
+        check_gpu_and_chunks(handler, model, chunks=[c for c in range(6) if c != chunk])
+        handler.shutdown()
+
+
+def test_a_failed_store_fails_only_the_loads_of_its_bytes(gated_failure):
+    rng = np.random.default_rng(24)
+    handler, model = make_handler(rng, [256], [2], num_blocks=16, num_chunks=8, bpc=2, cpu_layout="chunk_major")
+    run_job(handler, model, "first", "store", [8, 9, 10, 11], [4], [0], [4, 5])
+    arm, gate = gated_failure
+    gate.clear()
+    arm()
+    handler.transfer_async("bad", GPUSpec([0, 1, 2, 3], [4], [0]), CPUSpec([0, 1]))
+    # While it runs: a load over the blocks it reads, a store behind it, a load of its bytes.
+    submit(handler, model, "overwrites its blocks", "load", [0, 1, 2, 3], [4], [0], [4, 5])
+    submit(handler, model, "next store", "store", [12, 13], [2], [0], [2])
+    handler.transfer_async("reads its bytes", CPUSpec([1]), GPUSpec([6, 7], [2], [0]))
+    gate.set()
+    handler.wait(["bad", "overwrites its blocks", "next store", "reads its bytes"])
+    results = {r.job_id: r for r in handler.get_finished()}
+    assert [name for name, r in results.items() if not r.success] == ["bad", "reads its bytes"]
+    assert "injected" in results["reads its bytes"].error
+    check_gpu_and_chunks(handler, model, chunks=[2, 3, 4, 5, 6, 7])
+    handler.shutdown()
+
+
+def test_wait_takes_one_id_or_a_collection_and_refuses_unknown_ids(gated_failure):
+    handler, model = small_handler()
+    _, gate = gated_failure
+    for one_id in ("job-1", ("s", 1), 7):
+        gate.clear()
+        assert handler.transfer_async(one_id, GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
+        waiter = threading.Thread(target=handler.wait, args=(one_id,))
+        waiter.start()
+        assert not handler.get_finished()  # the gate holds the job
+        gate.set()
+        waiter.join()
+        (result,) = handler.get_finished()
+        assert result.job_id == one_id and result.success
+    handler.wait({"job-1", ("s", 1)})
+    handler.wait(iter([7]))
+    for unknown in ("job-2", ["job-1", "job-2"], ("s", 2), 8):
+        with pytest.raises(ValueError, match=r"job_ids: .* was never submitted"):
+            handler.wait(unknown)
+    handler.shutdown()
+
+
+class CountingId:
+    """A job id that counts how often it is compared."""
+
+    compared = 0
+
+    def __init__(self, n):
+        self.n = n
+
+    def __hash__(self):
+        return hash(self.n)
+
+    def __eq__(self, other):
+        CountingId.compared += 1
+        return isinstance(other, CountingId) and other.n == self.n
+
+
+def test_submitting_costs_the_same_however_many_jobs_are_in_flight_or_uncollected(monkeypatch, gated_failure):
+    rng = np.random.default_rng(25)
+    handler, model = make_handler(rng, [64], [1], num_blocks=400, num_chunks=400, bpc=1, cpu_layout="chunk_major")
+    _, gate = gated_failure
+    lanes_asked = []
+    done = handler._lanes.done
+    monkeypatch.setattr(handler._lanes, "done", lambda handle: lanes_asked.append(1) or done(handle))
+    for jobs in (10, 300):
+        gate.clear()
+        ids = [CountingId((jobs, j)) for j in range(jobs)]
+        for i, job_id in enumerate(ids):
+            handler.transfer_async(job_id, GPUSpec([i], [1], [0]), CPUSpec([i]))
+        lanes_asked.clear()
+        handler.transfer_async(CountingId((jobs, "in flight")), GPUSpec([jobs], [1], [0]), CPUSpec([jobs]))
+        assert len(lanes_asked) <= 2  # the oldest job of each lane, not every job in flight
+        gate.set()
+        handler.wait(ids)
+        CountingId.compared = 0
+        handler.transfer_async(CountingId((jobs, "uncollected")), GPUSpec([jobs + 1], [1], [0]),
+                               CPUSpec([jobs + 1]))
+        assert CountingId.compared <= 2  # not one comparison per uncollected result
+        handler.wait(list(handler._in_flight))
+        assert len(handler.get_finished()) == jobs + 2
+    handler.shutdown()

@@ -246,7 +246,7 @@ class OffloadHandler:
                 job.lane, "d2h" if job.direction is Direction.STORE else "h2d", descriptors[0, :n],
                 descriptors[1, :n], descriptors[2, :n], order, [w.handle for w in waits],
                 failing_with=[w.handle for w in waits if job.reads_output_of(w)])
-        except BaseException:
+        except Exception:  # nothing was enqueued; after an interrupt it may have been
             self._descriptors.release(descriptors)
             raise
         job.descriptors = descriptors

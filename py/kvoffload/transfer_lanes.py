@@ -141,7 +141,7 @@ class HostLanes:
     @staticmethod
     def wait(handle) -> None:
         with handle.running:  # a C lock: an interrupt cannot leave it held
-            pass
+            return handle.error  # a statement: an exception raised at a bare `pass` skips the release
 
     @staticmethod
     def finish(handle) -> tuple[float, str | None]:
