@@ -433,3 +433,60 @@ def test_submitting_costs_the_same_however_many_jobs_are_in_flight_or_uncollecte
         handler.wait(list(handler._in_flight))
         assert len(handler.get_finished()) == jobs + 2
     handler.shutdown()
+
+
+def test_page_bytes_do_not_skip_the_contiguity_check():
+    rng = np.random.default_rng(27)
+    for _ in range(5):
+        blocks, heads, dim = (int(x) for x in rng.integers(2, 9, 3))
+        cache = torch.from_numpy(rng.integers(0, 256, (blocks, heads, dim, 2), dtype=np.uint8))  # K and V interleaved
+        page = int(rng.integers(1, heads * dim + 1))
+        for page_bytes in (None, [page]):
+            with pytest.raises(ValueError, match=r"gpu_tensors\[0\]\[0\]: each index of dim 0 must be contiguous"):
+                OffloadHandler([[cache[..., 0]]], 4, 2, page_bytes=page_bytes)
+        with pytest.raises(ValueError, match=rf"page_bytes\[0\]: {heads * dim * 2 + 1} exceeds"):
+            OffloadHandler([[cache]], 4, 2, page_bytes=[heads * dim * 2 + 1])
+
+
+def test_a_host_buffer_overlapping_the_kv_tensors_is_refused():
+    rng = np.random.default_rng(28)
+    memory = torch.from_numpy(rng.integers(0, 256, 1 << 16, dtype=np.uint8))
+    before = memory.clone()
+    tensor = memory[8192:8192 + 16 * 256].view(16, 256)
+    need = pool_bytes([[256]], [4], 2)
+    # The pool ends inside the tensor, starts inside it, or holds it whole.
+    for start in (8192 + 256 - need, 8192 + int(rng.integers(0, 16 * 256)), 4096):
+        with pytest.raises(ValueError, match=r"host_buffer: overlaps gpu_tensors\[0\]\[0\]"):
+            OffloadHandler([[tensor]], 4, 2, host_buffer=memory[start:start + 2 * need])
+    assert torch.equal(memory, before)
+    handler = OffloadHandler([[tensor]], 4, 2, host_buffer=memory[8192 + 16 * 256:])
+    handler.shutdown()
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(blocks_per_chunk=0), ValueError, r"blocks_per_chunk: must be >= 1, got 0"),
+    (dict(num_cpu_chunks=np.int64(4)), None, None),
+    (dict(num_cpu_chunks=[np.int64(4), -1]), ValueError, r"num_cpu_chunks\[1\]: must be >= 0, got -1"),
+    (dict(num_cpu_chunks=4.0), TypeError, r"num_cpu_chunks: expected an int or one per group, got float"),
+    (dict(page_bytes=[64]), ValueError, r"page_bytes: has 1 entries for 2 groups"),
+    (dict(page_bytes=[64, 0]), ValueError, r"page_bytes\[1\]: must be >= 1, got 0"),
+    (dict(host_buffer=np.zeros(1 << 16, np.uint8)), TypeError, r"host_buffer: expected a CPU torch tensor, got ndarray"),
+])
+def test_constructor_errors_name_the_argument(kwargs, error, message):
+    gpu = [[torch.zeros((8, 128), dtype=torch.uint8)], [torch.zeros((8, 64), dtype=torch.uint8)]]
+    args = dict(num_cpu_chunks=4, blocks_per_chunk=2) | kwargs
+    if error is None:
+        OffloadHandler(gpu, **args).shutdown()
+        return
+    with pytest.raises(error, match=message):
+        OffloadHandler(gpu, **args)
+
+
+def test_a_host_pool_that_cannot_be_allocated_on_cpu_does_not_say_pinned(monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(torch, "empty", no_memory)
+    with pytest.raises(RuntimeError, match=r"could not allocate 4096 bytes of host memory") as info:
+        OffloadHandler([[torch.zeros((8, 128), dtype=torch.uint8)]], 4, 2)
+    assert "pinned" not in str(info.value)

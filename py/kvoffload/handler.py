@@ -44,7 +44,7 @@ from kvoffload.descriptor_pool import DescriptorPool
 from kvoffload.host_pool import HostPool, kv_layout, pool_bytes
 from kvoffload.ordering import MemoryKind, PendingWrites, safe_order
 from kvoffload.planner import CPUSpec, GPUSpec, _require_int, chunks_used, plan_transfer, tensor_pages
-from kvoffload.registry import MemoryRegistry
+from kvoffload.registry import MemoryRegistry, tensor_span
 from kvoffload.transfer_lanes import CudaLanes, HostLanes
 
 
@@ -162,7 +162,7 @@ class OffloadHandler:
                     self.registry.register_tensor(f"gpu_tensors[{g}][{i}]", t)
         self.pool = HostPool(torch, pool_bytes(pages, num_cpu_chunks, blocks_per_chunk),
                              host_buffer, pinned=on_gpu)
-        shared = self.registry.overlapping(self.pool.base, self.pool.nbytes)
+        shared = self.registry.overlapping(*tensor_span(self.pool.tensor))  # all of a host_buffer
         if shared:
             self.pool.release()
             raise ValueError(f"host_buffer: overlaps {shared[0].name}")
