@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 import kvoffload as kv
 from kvoffload import auto
@@ -58,3 +59,13 @@ def test_bad_method_or_direction_raise_before_copying():
         auto.copy([1], [2], [3], direction="up", method="batch", registry=kv.UNCHECKED)
     with pytest.raises(ValueError, match=r"method: expected one of"):
         auto.copy([1], [2], [3], direction="h2d", method="fastest", registry=kv.UNCHECKED)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_auto_without_a_gpu_raises_no_cuda_device():
+    rng = np.random.default_rng(0)
+    src, dst = rng.integers(0, 256, 4096, dtype=np.uint8), np.full(4096, 0xA5, np.uint8)
+    for direction in ("h2d", "d2h"):
+        with pytest.raises(kv.NoCudaDeviceError, match=r"method='auto': no CUDA device"):
+            auto.copy([src.ctypes.data], [dst.ctypes.data], [4096], direction=direction, registry=kv.UNCHECKED)
+    assert (dst == 0xA5).all()

@@ -265,3 +265,21 @@ def test_a_failed_plan_copies_nothing_because_nothing_is_returned():
     with pytest.raises(ValueError):
         plan_transfer(cache.layout, GPUSpec([0, 1, 8], [3], [0]), CPUSpec([0, 1]))
     cache.check()
+
+
+def test_extents_past_2_63_are_refused_before_the_overlap_check():
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        page = int(rng.integers(1, 1 << 12))
+        blocks = int(rng.integers(3, 64))
+        stride = int(rng.integers(2**62, 2**63 - 1))  # (blocks - 1) * stride wraps int64
+        base = int(rng.integers(1, 1 << 40))
+        wrapping = TensorLayout(base, stride, page, 1 << 20, page)
+        # A second tensor inside the wrapped-around range: int64 arithmetic would see no overlap.
+        hidden = TensorLayout(base + stride, page, page, 2 << 20, page)
+        for tensors in ((wrapping,), (wrapping, hidden)):
+            with pytest.raises(ValueError, match=r"group 0 tensor 0: its GPU extent ends past 2\^63"):
+                KVLayout((GroupLayout(tensors, blocks, 1),), 1)
+        cpu = TensorLayout(base, page, page, base, stride)
+        with pytest.raises(ValueError, match=r"group 0 tensor 0: its CPU extent ends past 2\^63"):
+            KVLayout((GroupLayout((cpu,), 1, blocks),), 1)

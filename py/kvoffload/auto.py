@@ -28,7 +28,8 @@ import time
 
 import numpy as np
 
-from kvoffload.batch_copy import CopyResult, SrcAccessOrder, batch_copy, kernel_copy, staged_copy
+from kvoffload.batch_copy import (CopyResult, NoCudaDeviceError, SrcAccessOrder, batch_copy, kernel_copy,
+                                  staged_copy)
 from kvoffload.registry import UNCHECKED
 
 METHODS = ("per_copy", "batch", "kernel", "staged")
@@ -132,6 +133,10 @@ _cached: Calibration | None = None
 def calibration(recalibrate: bool = False) -> Calibration:
     """This machine's calibration: from the cache file, else measured and saved."""
     global _cached
+    import torch
+
+    if not torch.cuda.is_available():
+        raise NoCudaDeviceError("method='auto': no CUDA device to calibrate on")
     key = machine_key()
     if _cached is not None and _cached.key == key and not recalibrate:
         return _cached
