@@ -2,6 +2,8 @@
 canaries: each call either raises before copying or copies exactly, and nothing outside
 the caller's buffers changes."""
 
+import concurrent.futures
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ import kvoffload as kv
 from kvoffload.handler import OffloadHandler
 from kvoffload.planner import CPUSpec, GPUSpec, KVLayout, plan_transfer
 from canary import GuardedBuffer
-from hostile import copied, ids, jobs, mapping_is_valid, run_jobs
+from hostile import copied, ids, jobs, mapping_is_valid, run_jobs, submit_jobs
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -133,3 +135,96 @@ def test_copy_blocks_with_hostile_tensors(src_view, dst_view, src_dtype, dst_dty
         assert not valid
     np.testing.assert_array_equal(dst, want)
     assert src_buf.canaries_intact() and dst_buf.canaries_intact()
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 11), st.integers(0, 11)), max_size=8), st.integers(0, 4), st.integers(0, 4),
+       st.sampled_from([1, 64, 4096]))
+def test_copy_blocks_between_views_of_one_buffer(pairs, src_at, dst_at, block):
+    # src and dst are blocks [src_at, src_at + 8) and [dst_at, dst_at + 8) of one buffer.
+    buf = GuardedBuffer(12 * block)
+    whole = blocks(buf, 12, block)
+    whole[:] = np.random.default_rng(block + src_at).integers(0, 256, whole.shape, dtype=np.uint8)
+    src, dst = whole[src_at:src_at + 8], whole[dst_at:dst_at + 8]
+    pairs = [(s % 8, d % 8) for s, d in pairs]
+    read, written = {src_at + s for s, _ in pairs}, {dst_at + d for _, d in pairs}
+    valid = mapping_is_valid(pairs, 8, 8) and not read & written
+    before = whole.copy()
+    want = before.copy()
+    if valid:
+        for s, d in pairs:
+            want[dst_at + d] = before[src_at + s]
+    try:
+        kv.copy_blocks(src, dst, np.array(pairs, dtype=np.int64).reshape(-1, 2))
+        assert valid
+    except ValueError as e:
+        assert not valid and "block_mapping[" in str(e)
+    np.testing.assert_array_equal(whole, want)
+    assert buf.canaries_intact()
+
+
+TENSOR_VIEWS = {
+    "plain": lambda t: t,
+    "expanded": lambda t: t[:, :1].expand(-1, 64),
+    "transposed": lambda t: t.t(),
+    "strided": lambda t: t[1::3, ::5],
+    "one element": lambda t: t[2, 3],
+}
+
+
+@FUZZ
+@given(st.sampled_from(sorted(TENSOR_VIEWS)), st.lists(st.tuples(st.integers(-300, 1300), st.integers(-5, 400)),
+                                                        min_size=1, max_size=4), st.booleans())
+def test_copies_checked_against_a_registered_view_stay_inside_it(view, copies, drop_reference):
+    buf = GuardedBuffer(1024)
+    buf.array[:] = 0xA5
+    tensor = TENSOR_VIEWS[view](torch.from_numpy(buf.array).view(16, 64))
+    registry = kv.MemoryRegistry()
+    registry.register_tensor("view", tensor)
+    start, end = registry.regions[0].start, registry.regions[0].end
+    if drop_reference:
+        del tensor  # the registry keeps it alive
+    src = np.random.default_rng(len(copies)).integers(0, 256, 2048, dtype=np.uint8)
+    registry.register("src", src.ctypes.data, src.nbytes, "host")
+    dst = [buf.array.ctypes.data + offset for offset, _ in copies]
+    sizes = [size for _, size in copies]
+    inside = all(size > 0 and start <= d and d + size <= end for d, size in zip(dst, sizes))
+    try:
+        kv.host_copy([src.ctypes.data] * len(copies), dst, sizes, registry=registry)
+        assert inside
+    except ValueError:
+        assert not inside
+        assert (buf.array == 0xA5).all()
+    assert buf.canaries_intact()
+    lo, hi = start - buf.array.ctypes.data, end - buf.array.ctypes.data
+    assert (buf.array[:lo] == 0xA5).all() and (buf.array[hi:] == 0xA5).all()
+
+
+@FUZZ
+@given(st.lists(st.integers(1, 16), max_size=4), st.lists(st.sampled_from([2**62, 2**63 - 2**40, 2**63 - 1]),
+                                                         min_size=2, max_size=4), st.randoms())
+def test_host_copy_sizes_that_wrap_int64_are_refused_before_copying(small, huge, random):
+    # Unchecked, so only the argument checks stand between these sizes and a copy.
+    sizes = small + huge
+    random.shuffle(sizes)
+    buf = GuardedBuffer(64)
+    buf.array[:] = 0xA5
+    src = np.zeros(64, np.uint8)
+    with pytest.raises(ValueError, match=r"sizes"):
+        kv.host_copy([src.ctypes.data] * len(sizes), [buf.array.ctypes.data] * len(sizes), sizes,
+                     registry=kv.UNCHECKED)
+    assert (buf.array == 0xA5).all() and buf.canaries_intact()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(jobs, jobs)
+def test_handler_with_hostile_jobs_from_two_threads(first, second):
+    gpu = [[torch.zeros((6, 64), dtype=torch.uint8) for _ in range(2)]]
+    handler = OffloadHandler(gpu, 4, 2)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        submitted = [pool.submit(submit_jobs, handler, hostile, prefix) for prefix, hostile in ((0, first), (1, second))]
+        ids = sum((s.result() for s in submitted), [])
+    handler.wait(ids)
+    results = handler.get_finished()
+    assert sorted(r.job_id for r in results) == sorted(ids) and all(r.success for r in results)
+    handler.shutdown()

@@ -13,17 +13,25 @@ jobs = st.lists(st.tuples(st.sampled_from(["store", "load"]), st.lists(ids, max_
                           st.lists(ids, max_size=4), st.integers(-1, 3)), min_size=1, max_size=6)
 
 
-def run_jobs(handler, hostile_jobs) -> None:
-    """Submits the jobs; those refused must raise TypeError or ValueError, and every one
-    submitted must finish successfully. Shuts the handler down."""
+def submit_jobs(handler, hostile_jobs, prefix=None) -> list:
+    """Submits the jobs (ids i, or (prefix, i)); those refused must raise TypeError or
+    ValueError. Returns the ids submitted."""
     submitted = []
     for i, (direction, block_ids, chunk_ids, first) in enumerate(hostile_jobs):
+        job_id = i if prefix is None else (prefix, i)
         try:
             gpu_spec, cpu_spec = GPUSpec(block_ids, [len(block_ids)], [first]), CPUSpec(chunk_ids)
-            handler.transfer_async(i, *((gpu_spec, cpu_spec) if direction == "store" else (cpu_spec, gpu_spec)))
-            submitted.append(i)
+            handler.transfer_async(job_id, *((gpu_spec, cpu_spec) if direction == "store" else (cpu_spec, gpu_spec)))
+            submitted.append(job_id)
         except (TypeError, ValueError):
             pass
+    return submitted
+
+
+def run_jobs(handler, hostile_jobs) -> None:
+    """Submits the jobs; every one submitted must finish successfully. Shuts the handler
+    down."""
+    submitted = submit_jobs(handler, hostile_jobs)
     handler.wait(submitted)
     results = handler.get_finished()
     assert sorted(r.job_id for r in results) == submitted and all(r.success for r in results)
