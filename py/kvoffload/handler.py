@@ -81,10 +81,11 @@ class _Job:
 
     def conflicts_with(self, other: "_Job") -> bool:
         """Whether the two jobs touch the same bytes and one of them writes them."""
+        shared_gpu = np.isin(self.gpu_keys, other.gpu_keys).any()
+        shared_cpu = np.isin(self.cpu_keys, other.cpu_keys).any()
         if self.direction is not other.direction:
-            return bool(np.isin(self.gpu_keys, other.gpu_keys).any() or self.reads_output_of(other))
-        keys = "cpu_keys" if self.direction is Direction.STORE else "gpu_keys"
-        return bool(np.isin(getattr(self, keys), getattr(other, keys)).any())
+            return bool(shared_gpu or shared_cpu)
+        return bool(shared_cpu if self.direction is Direction.STORE else shared_gpu)
 
     def reads_output_of(self, other: "_Job") -> bool:
         """Whether this load reads CPU sub-blocks that the store ``other`` writes."""
@@ -162,14 +163,17 @@ class OffloadHandler:
                     self.registry.register_tensor(f"gpu_tensors[{g}][{i}]", t)
         self.pool = HostPool(torch, pool_bytes(pages, num_cpu_chunks, blocks_per_chunk),
                              host_buffer, pinned=on_gpu)
-        shared = self.registry.overlapping(*tensor_span(self.pool.tensor))  # all of a host_buffer
-        if shared:
-            self.pool.release()
-            raise ValueError(f"host_buffer: overlaps {shared[0].name}")
-        if self.pool.nbytes:
-            self.registry.register("host pool", self.pool.base, self.pool.nbytes, "host")
-        self.layout = kv_layout(gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk,
-                                self.pool.base, cpu_layout)
+        try:
+            shared = self.registry.overlapping(*tensor_span(self.pool.tensor))  # all of a host_buffer
+            if shared:
+                raise ValueError(f"host_buffer: overlaps {shared[0].name}")
+            if self.pool.nbytes:
+                self.registry.register("host pool", self.pool.base, self.pool.nbytes, "host")
+            self.layout = kv_layout(gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk,
+                                    self.pool.base, cpu_layout)
+        except Exception:
+            self.pool.release()  # a host_buffer page-locked here is unlocked again
+            raise
         self.gpu_tensors = gpu_tensors
         self._gpu_kind = "device" if on_gpu else "host"
         lanes = ["store", "load"] + (["expedited"] if expedited_loads else [])
