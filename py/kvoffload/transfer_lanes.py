@@ -139,7 +139,7 @@ class HostLanes:
         return not handle.running.locked()
 
     @staticmethod
-    def wait(handle) -> None:
+    def wait(handle) -> str | None:
         with handle.running:  # a C lock: an interrupt cannot leave it held
             return handle.error  # a statement: an exception raised at a bare `pass` skips the release
 
