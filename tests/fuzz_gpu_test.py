@@ -2,6 +2,8 @@
 between canary bytes: each call raises before copying or copies exactly, and no byte
 outside the registered buffers changes."""
 
+import concurrent.futures
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import kvoffload as kv
 from canary import TorchGuardedBuffer
-from hostile import copied, ids, jobs, mapping_is_valid, run_jobs
+from hostile import copied, ids, jobs, mapping_is_valid, run_jobs, submit_jobs
 from kvoffload.handler import OffloadHandler
 from scale import scaled
 
@@ -105,4 +107,47 @@ def test_the_handler_on_the_gpu_with_hostile_jobs_keeps_working(hostile_jobs, me
     guard = TorchGuardedBuffer(torch, 2 * 6 * 4096, "device")
     gpu = [[guard.tensor[t * 6 * 4096 : (t + 1) * 6 * 4096].view(6, 4096) for t in range(2)]]
     run_jobs(OffloadHandler(gpu, 4, 2, method=method), hostile_jobs)
+    assert guard.canaries_intact()
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 7)), max_size=8), st.integers(0, 8), st.integers(0, 8),
+       st.integers(0, 2**32))
+def test_copy_blocks_on_the_gpu_between_views_of_one_buffer(buffers, pairs, src_at, dst_at, seed):
+    # src and dst are blocks [src_at, src_at + 8) and [dst_at, dst_at + 8) of one device buffer.
+    buf = buffers["device"][1]
+    data = np.random.default_rng(seed).integers(0, 256, N, dtype=np.uint8).reshape(16, -1)
+    buf.tensor.copy_(torch.from_numpy(data.ravel()))
+    torch.cuda.synchronize()
+    whole = buf.tensor.view(16, -1)
+    read, written = {src_at + s for s, _ in pairs}, {dst_at + d for _, d in pairs}
+    valid = mapping_is_valid(pairs, 8, 8) and not read & written
+    want = data.copy()
+    for s, d in pairs if valid else []:
+        want[dst_at + d] = data[src_at + s]
+    stream = torch.cuda.Stream()
+    try:
+        kv.copy_blocks(whole[src_at:src_at + 8], whole[dst_at:dst_at + 8],
+                       np.array(pairs, dtype=np.int64).reshape(-1, 2), stream)
+        stream.synchronize()
+        assert valid
+    except ValueError as e:
+        assert not valid and "block_mapping[" in str(e)
+    np.testing.assert_array_equal(whole.cpu().numpy(), want)
+    assert buf.canaries_intact()
+
+
+@settings(max_examples=max(EXAMPLES // 6, 5), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(jobs, jobs, st.sampled_from(["batch", "kernel", "staged"]))
+def test_the_handler_on_the_gpu_with_hostile_jobs_from_two_threads(first, second, method):
+    guard = TorchGuardedBuffer(torch, 2 * 6 * 4096, "device")
+    gpu = [[guard.tensor[t * 6 * 4096 : (t + 1) * 6 * 4096].view(6, 4096) for t in range(2)]]
+    handler = OffloadHandler(gpu, 4, 2, method=method)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        submitted = [pool.submit(submit_jobs, handler, hostile, prefix) for prefix, hostile in ((0, first), (1, second))]
+        ids = sum((s.result() for s in submitted), [])
+    handler.wait(ids)
+    results = handler.get_finished()
+    assert sorted(r.job_id for r in results) == sorted(ids) and all(r.success for r in results)
+    handler.shutdown()
     assert guard.canaries_intact()
