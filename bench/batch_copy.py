@@ -215,7 +215,7 @@ def measure_gpu(rng):
                           functools.partial(pages.copy, load, True, streams["h2d"], staged)]
                 seconds = min(both_at_once(torch, streams, copies) for _ in range(FLAGS.repeats))
                 rows.append(dict(method=method, direction="both", block_bytes=block,
-                                 seconds=seconds * moved / (2 * half * block)))
+                                 seconds=seconds * moved / (half * block)))
     machine = dict(device=torch.cuda.get_device_name(), driver=driver_version(),
                    torch=torch.__version__, cuda_runtime=torch.version.cuda,
                    batch_entry_point=kv.batch_entry_point_version())

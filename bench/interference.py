@@ -69,7 +69,8 @@ class ComputeLoop:
             raise ValueError(f"workload: expected one of {WORKLOADS}, got {workload!r}")
         self.torch, self.workload = torch, workload
         self.stream = torch.cuda.Stream(device)
-        step = (_model_step if workload == "model" else _gemm_step)(torch, device)
+        # The step (and the tensors it closes over) lives as long as its graph.
+        self._step = step = (_model_step if workload == "model" else _gemm_step)(torch, device)
         with torch.cuda.stream(self.stream):
             step()  # warm-up outside capture (library handles, autotuning)
         self.stream.synchronize()

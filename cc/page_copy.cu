@@ -22,19 +22,25 @@ namespace {
 
 constexpr int kThreads = 1024;
 
-// One warp per unit of [first_unit, end_unit). The host side of a unit is the slot at
-// `slot` (holding the job's bytes from slot_first_byte on) or, when slot is 0, the
-// host address its segment gives.
+// Each warp takes a contiguous share of units [first_unit, end_unit), one unit at a
+// time, finding its first unit's segment by binary search and the rest by walking on.
+// The host side of a unit is the slot at `slot` (holding the job's bytes from
+// slot_first_byte on) or, when slot is 0, the host address its segment gives.
 __global__ void __launch_bounds__(kThreads)
     PageCopyKernel(const TensorRef* refs, const int64_t* block_ids, const Segment* segments,
                    int64_t num_segments, int64_t first_unit, int64_t end_unit, int64_t slot,
                    int64_t slot_first_byte, bool load) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / kWarpSize);
-  for (int64_t u = first_unit + (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) /
-                                    kWarpSize;
-       u < end_unit; u += warps) {
-    const Segment& s = segments[FindSegment(segments, num_segments, u)];
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
+  const int64_t share = (end_unit - first_unit + warps - 1) / warps;
+  const int64_t begin = first_unit + warp * share;
+  const int64_t end = begin + share < end_unit ? begin + share : end_unit;
+  if (begin >= end) return;
+  int64_t k = FindSegment(segments, num_segments, begin);
+  for (int64_t u = begin; u < end; ++u) {
+    while (k + 1 < num_segments && segments[k + 1].first_unit <= u) ++k;
+    const Segment& s = segments[k];
     const UnitPlace p = PlaceUnit(refs[s.ref], block_ids, s, u - s.first_unit);
     const int64_t host = slot != 0 ? slot + (p.job_byte - slot_first_byte)
                                    : s.host + (p.job_byte - s.first_byte);
@@ -219,9 +225,9 @@ void ValidatePageCopyOptions(const PageCopyOptions& options) {
 }
 
 CopyResult PageCopy(const DevicePageTable& table, const PageJob& job, bool load,
-                    cudaStream_t stream, const PageCopyOptions& options) {
+                    cudaStream_t stream, const PageCopyOptions& options, bool validated) {
   ValidatePageCopyOptions(options);
-  ValidateJob(table.layout(), job);
+  if (!validated) ValidateJob(table.layout(), job);
   thread_local std::vector<Segment> segments;
   const int64_t units = BuildSegments(table.layout(), job, segments);
   CopyResult result;

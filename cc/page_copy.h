@@ -44,8 +44,10 @@ struct PageCopyOptions {
 // enqueued if it fails. The host work is per segment; addresses are computed on the GPU.
 // The table's memory must be device memory of the stream's device and page-locked host
 // memory (its caller checks this once, when the table is made).
+// `validated`: the caller has just run ValidateJob on this very job.
 CopyResult PageCopy(const DevicePageTable& table, const PageJob& job, bool load,
-                    cudaStream_t stream, const PageCopyOptions& options = {});
+                    cudaStream_t stream, const PageCopyOptions& options = {},
+                    bool validated = false);
 
 // Throws std::invalid_argument for options no copy can run with.
 void ValidatePageCopyOptions(const PageCopyOptions& options);

@@ -25,17 +25,26 @@ int64_t ExtentEnd(int64_t base, int64_t stride, int64_t span, int64_t count) {
   return end;
 }
 
-// Ids in [0, limit), each at most once; marks is scratch, all false on entry and exit.
+// Ids in [0, limit), each at most once. seen: scratch bits, all clear on entry and exit.
 void CheckIds(const char* name, const int64_t* ids, int64_t count, int64_t offset, int64_t limit,
-              int64_t group, std::vector<uint8_t>& marks) {
-  marks.resize(std::max<size_t>(marks.size(), limit));
+              int64_t group, std::vector<uint64_t>& seen) {
+  const size_t words = static_cast<size_t>(limit / 64 + 1);
+  if (seen.size() < words) seen.resize(words, 0);
   int64_t i = 0;
   for (; i < count; ++i) {
-    const int64_t id = ids[i];
-    if (id < 0 || id >= limit || marks[id]) break;
-    marks[id] = 1;
+    const uint64_t id = static_cast<uint64_t>(ids[i]);  // negative ids become huge
+    if (id >= static_cast<uint64_t>(limit)) break;
+    uint64_t& word = seen[id >> 6];
+    const uint64_t bit = uint64_t{1} << (id & 63);
+    if (word & bit) break;
+    word |= bit;
   }
-  for (int64_t k = 0; k < i; ++k) marks[ids[k]] = 0;
+  // Clearing by id touches i words; clearing all of them is cheaper past that.
+  if (static_cast<size_t>(i) < words / 8) {
+    for (int64_t k = 0; k < i; ++k) seen[static_cast<uint64_t>(ids[k]) >> 6] = 0;
+  } else {
+    std::fill(seen.begin(), seen.begin() + words, 0);
+  }
   if (i == count) return;
   const std::string at = std::string(name) + "[" + Str(offset + i) + "] = " + Str(ids[i]);
   if (ids[i] < 0 || ids[i] >= limit) {
@@ -132,14 +141,14 @@ void ValidateJob(const PageLayout& layout, const PageJob& job) {
     Reject("chunk_ids: has " + Str(job.num_chunk_ids) + " ids but the groups use " +
            Str(chunks) + " chunks");
   }
-  thread_local std::vector<uint8_t> marks;
+  thread_local std::vector<uint64_t> seen;
   int64_t block_at = 0, chunk_at = 0;
   for (int64_t g = 0; g < job.groups; ++g) {
     const int64_t n = job.group_sizes[g];
     const int64_t used = ChunksUsed(n, job.block_indices[g], layout.blocks_per_chunk());
-    CheckIds("block_ids", job.block_ids + block_at, n, block_at, layout.gpu_blocks(g), g, marks);
+    CheckIds("block_ids", job.block_ids + block_at, n, block_at, layout.gpu_blocks(g), g, seen);
     CheckIds("chunk_ids", job.chunk_ids + chunk_at, used, chunk_at, layout.cpu_chunks(g), g,
-             marks);
+             seen);
     block_at += n;
     chunk_at += used;
   }

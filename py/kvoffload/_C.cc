@@ -435,9 +435,11 @@ class PyPageTable {
     const cudaStream_t stream = ToStream(stream_obj);
     const PageJob job = ids.Job();
     nb::gil_scoped_release release;
+    // PageCopy validates the job too, but the table is uploaded only for a valid one.
     ValidatePageCopyOptions(options);
     ValidateJob(layout_, job);
-    return PageCopy(OnDevice(StreamDevice(stream)), job, load, stream, options);
+    return PageCopy(OnDevice(StreamDevice(stream)), job, load, stream, options,
+                    /*validated=*/true);
   }
 
  private:
