@@ -157,13 +157,15 @@ class OffloadHandler:
             # Every page a job names lies inside these extents, checked once here; a job
             # then needs only its ids checked.
             self._pages = page_table(self.layout)
-            for group in self.layout.groups:
+            for g, group in enumerate(self.layout.groups):
                 for t in group.tensors:
-                    gpu_end = (group.num_gpu_blocks - 1) * t.gpu_stride + t.page_bytes
-                    cpu_end = (group.num_cpu_chunks - 1) * t.cpu_stride + bpc_bytes(self.layout, t)
-                    if group.num_gpu_blocks and group.num_cpu_chunks:
-                        self.registry.check_copies([t.cpu_base], [t.gpu_base], [cpu_end], "host", "device")
-                        self.registry.check_copies([t.gpu_base], [t.cpu_base], [gpu_end], "device", "host")
+                    if group.num_gpu_blocks:
+                        gpu_span = (group.num_gpu_blocks - 1) * t.gpu_stride + t.page_bytes
+                        self.registry.check([t.gpu_base], [gpu_span], "device", f"group {g} GPU extent")
+                    if group.num_cpu_chunks:
+                        cpu_span = (group.num_cpu_chunks - 1) * t.cpu_stride + bpc_bytes(self.layout, t)
+                        self.registry.check([t.cpu_base], [cpu_span], "host", f"group {g} CPU extent")
+        self._device = device
         self._lanes = CudaLanes(torch, device, lanes) if on_gpu else HostLanes(lanes)
         self._load_source = MemoryKind.PINNED_HOST if on_gpu else MemoryKind.PAGEABLE_HOST
         self._expedited = expedited_loads
@@ -266,6 +268,16 @@ class OffloadHandler:
             job = self._in_flight.get(job_id)
             if job is not None:
                 self._lanes.wait(job.handle)
+
+    def fence(self, stream=None) -> None:
+        """On a GPU: ``stream`` (default: the current stream) waits for every job
+        submitted so far, without blocking the host."""
+        self._check_open()
+        if not isinstance(self._lanes, CudaLanes):
+            raise RuntimeError("fence: only for a handler of GPU tensors")
+        import torch
+
+        self._lanes.fence(stream if stream is not None else torch.cuda.current_stream(self._device))
 
     def shutdown(self) -> None:
         """Waits for every job, then releases the lanes and the pool."""

@@ -70,6 +70,11 @@ class CudaLanes:
         self._events.append((handle.start, handle.end))
         return seconds, handle.error
 
+    def fence(self, stream) -> None:
+        """``stream`` waits for every job submitted so far."""
+        for lane in self._streams.values():
+            stream.wait_stream(lane)
+
     def close(self) -> None:
         for stream in self._streams.values():
             stream.synchronize()
