@@ -236,6 +236,7 @@ def main(argv):
         handlers = {}
         chunks = blocks // bpc
         block_bytes = sum(2 * layers * TOKENS_PER_BLOCK * heads * dim * 2 for layers, heads, dim in shape)
+        page = TOKENS_PER_BLOCK * shape[0][1] * shape[0][2] * 2  # bytes per tensor of the first group
         for method, n in itertools.product(FLAGS.methods if gpu else ["host"],
                                            sorted({min(int(b), blocks // 2) for b in FLAGS.job_blocks})):
             handler = handlers.get(method) or handlers.setdefault(
@@ -246,7 +247,7 @@ def main(argv):
                 run_jobs(torch, handler, specs[:1], direction)  # warm up
                 wall, nbytes, seconds = run_jobs(torch, handler, specs, direction)
                 rows.append(report(name, method, direction, n, jobs, nbytes, wall,
-                                   bulk[direction] if bulk else None,
+                                   bulk[direction] if bulk else None, block_bytes=page,
                                    median_job_seconds=float(np.median(seconds))))
                 for workload, loop in loops.items():
                     got = beside(torch, loop, handler, specs, direction, nbytes, wall)
@@ -263,7 +264,8 @@ def main(argv):
                         for half, direction in enumerate(("store", "load"))]
                 run_at_once(torch, [(h, specs[:1], d) for h, specs, d in runs])  # warm up
                 wall, nbytes = run_at_once(torch, runs)
-                rows.append(report(name, method, "store+load", n, jobs, nbytes, wall, bulk["both"]))
+                rows.append(report(name, method, "both", n, jobs, nbytes, wall, bulk["both"],
+                                   block_bytes=page))
         for handler in handlers.values():
             handler.shutdown()
         del cache
