@@ -171,6 +171,10 @@ def measure_gpu(rng):
         for workload, loop in loops.items():
             got = loop.beside(stream, lambda: [c() for _ in range(FLAGS.passes) for c in copies],
                               FLAGS.passes * moved * len(copies), FLAGS.passes * best)
+            if got is None:
+                print(f"{row['method']} {row['direction']} {kib} KiB: the {workload} loop did not "
+                      "cover the copies; not reported")
+                continue
             rows.append(dict(row, seconds=best, workload=workload, gb_per_s_beside=got.gb_per_s,
                              step_slowdown=got.step_slowdown, steps_in_window=got.steps_in_window))
 

@@ -251,6 +251,8 @@ def main(argv):
                                    median_job_seconds=float(np.median(seconds))))
                 for workload, loop in loops.items():
                     got = beside(torch, loop, handler, specs, direction, nbytes, wall)
+                    if got is None:
+                        continue
                     rows.append(dict(rows[-1], workload=workload, gb_per_s_beside=got.gb_per_s,
                                      step_slowdown=got.step_slowdown, steps_in_window=got.steps_in_window))
                     print(f"  beside {workload}: {got.gb_per_s:6.1f} GB/s, step slowdown "
