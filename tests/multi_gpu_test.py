@@ -17,7 +17,7 @@ from scale import scaled
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 
 
-@pytest.mark.parametrize("method", ["auto", "batch", "kernel", "staged"])
+@pytest.mark.parametrize("method", ["pages", "auto", "batch", "kernel", "staged"])
 def test_one_handler_per_device_both_at_once(method):
     def run(device):
         rng = np.random.default_rng(device)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import functools
 import threading
 from typing import Hashable, Iterable, Sequence
 
@@ -42,9 +43,11 @@ import numpy as np
 from kvoffload import auto
 from kvoffload.descriptor_pool import DescriptorPool
 from kvoffload.host_pool import HostPool, kv_layout, pool_bytes
+from kvoffload.page_table import job_arguments, page_table
 from kvoffload.ordering import MemoryKind, PendingWrites, safe_order
 from kvoffload.planner import CPUSpec, GPUSpec, _require_int, chunks_used, plan_transfer, tensor_pages
-from kvoffload.registry import MemoryRegistry, tensor_span
+from kvoffload.batch_copy import host_copy
+from kvoffload.registry import UNCHECKED, MemoryRegistry, tensor_span
 from kvoffload.transfer_lanes import CudaLanes, HostLanes
 
 
@@ -93,6 +96,11 @@ class _Job:
                 and bool(np.isin(self.cpu_keys, other.cpu_keys).any()))
 
 
+def bpc_bytes(layout, tensor) -> int:
+    """Bytes of one tensor's sub-blocks in a chunk."""
+    return layout.blocks_per_chunk * tensor.page_bytes
+
+
 def _keys(ids: np.ndarray, counts: Sequence[int]) -> np.ndarray:
     groups = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
     return (groups << 40) | ids
@@ -122,16 +130,22 @@ class OffloadHandler:
     for all groups). page_bytes[g]: bytes moved per block of group g's tensors (default:
     the whole block). host_buffer: a CPU tensor to use (and page-lock) as the pool
     instead of allocating one; ``pool_bytes`` says how large it must be. method: how
-    jobs copy on a GPU ("auto", "batch", "per_copy", "kernel", "staged"; see
-    kvoffload.auto), using at most ``sm_budget`` CTAs (None: no limit). With "auto", a
-    machine without a cached calibration is measured here, taking some seconds and
-    1 GiB each of pinned and device memory for the while.
+    jobs copy on a GPU. "pages" (the default) and "pages_kernel" send each job as ids
+    and compute its addresses on the GPU (kvoffload.page_table): "pages" moves host runs
+    by DMA through a staging ring and scatters or gathers the HBM side with a kernel of
+    ``page_ctas`` CTAs, "pages_kernel" has that kernel reach the pool itself. "auto",
+    "batch", "per_copy", "kernel" and "staged" plan every page on the host and copy
+    raw pointers (kvoffload.auto), using at most ``sm_budget`` CTAs (None: no limit);
+    with "auto", a machine without a cached calibration is measured here, taking some
+    seconds and 1 GiB each of pinned and device memory for the while.
     """
+
+    PAGE_METHODS = ("pages", "pages_kernel")
 
     def __init__(self, gpu_tensors: Sequence[Sequence], num_cpu_chunks: int | Sequence[int],
                  blocks_per_chunk: int, *, page_bytes: Sequence[int] | None = None,
                  cpu_layout: str = "chunk_major", host_buffer=None, expedited_loads: bool = False,
-                 method: str = "auto", sm_budget: int | None = None):
+                 method: str = "pages", sm_budget: int | None = None, page_ctas: int = 32):
         import torch
 
         gpu_tensors = [list(group) for group in gpu_tensors]
@@ -152,8 +166,9 @@ class OffloadHandler:
         if host_buffer is not None and not isinstance(host_buffer, torch.Tensor):
             raise TypeError(f"host_buffer: expected a CPU torch tensor, got {type(host_buffer).__name__}")
         pages = tensor_pages(gpu_tensors, page_bytes)
-        if method != "auto" and method not in auto.METHODS:
-            raise ValueError(f"method: expected 'auto' or one of {auto.METHODS}, got {method!r}")
+        methods = ("auto",) + auto.METHODS + self.PAGE_METHODS
+        if method not in methods:
+            raise ValueError(f"method: expected one of {methods}, got {method!r}")
 
         on_gpu = device.type == "cuda"
         self.registry = MemoryRegistry()
@@ -179,8 +194,22 @@ class OffloadHandler:
         lanes = ["store", "load"] + (["expedited"] if expedited_loads else [])
         if on_gpu and method == "auto":
             auto.calibration()  # loaded, or measured now (seconds) rather than in the first job
-        self._lanes = (CudaLanes(torch, device, lanes, method, sm_budget) if on_gpu
-                       else HostLanes(lanes))
+        self._method, self._sm_budget, self._page_ctas = method, sm_budget, page_ctas
+        self._pages = None
+        if on_gpu and method in self.PAGE_METHODS:
+            # Every page a job names lies inside these extents, checked once here; a job
+            # then needs only its ids checked.
+            self._pages = page_table(self.layout)
+            for g, group in enumerate(self.layout.groups):
+                for t in group.tensors:
+                    if group.num_gpu_blocks:
+                        gpu_span = (group.num_gpu_blocks - 1) * t.gpu_stride + t.page_bytes
+                        self.registry.check([t.gpu_base], [gpu_span], "device", f"group {g} GPU extent")
+                    if group.num_cpu_chunks:
+                        cpu_span = (group.num_cpu_chunks - 1) * t.cpu_stride + bpc_bytes(self.layout, t)
+                        self.registry.check([t.cpu_base], [cpu_span], "host", f"group {g} CPU extent")
+        self._device = device
+        self._lanes = CudaLanes(torch, device, lanes) if on_gpu else HostLanes(lanes)
         self._load_source = MemoryKind.PINNED_HOST if on_gpu else MemoryKind.PAGEABLE_HOST
         self._expedited = expedited_loads
         self._descriptors = DescriptorPool()
@@ -214,44 +243,66 @@ class OffloadHandler:
                 raise ValueError(f"job_id: {job_id!r} is already in use")
             if expedite and (direction is Direction.STORE or not self._expedited):
                 raise ValueError("expedite: only for loads, on a handler made with expedited_loads=True")
-            plan = plan_transfer(self.layout, gpu, cpu)
-            job = _Job(job_id, direction, "expedited" if expedite else direction.value, plan.total_bytes,
+            plan = ids = None
+            if self._pages is not None:
+                ids = job_arguments(gpu, cpu)
+                self._pages.check(*ids)
+                nbytes = sum(n * t.page_bytes for n, group in zip(gpu.group_sizes, self.layout.groups)
+                             for t in group.tensors)
+            else:
+                plan = plan_transfer(self.layout, gpu, cpu)
+                nbytes = plan.total_bytes
+            job = _Job(job_id, direction, "expedited" if expedite else direction.value, nbytes,
                        _keys(gpu.block_ids, gpu.group_sizes),
                        _sub_block_keys(gpu, cpu, self.layout.blocks_per_chunk))
             self._collect()
-            return self._submit(job, plan)
+            return self._submit(job, plan, ids)
 
-    def _submit(self, job: _Job, plan) -> bool:
+    def _submit(self, job: _Job, plan, ids) -> bool:
+        load = job.direction is Direction.LOAD
         waits = [other for other in self._in_flight.values()
                  if other.lane != job.lane and job.conflicts_with(other)]
-        if job.direction is Direction.STORE:
-            src, dst, sizes = plan.store()
-            order = safe_order(MemoryKind.DEVICE, MemoryKind.PINNED_HOST, PendingWrites.UNKNOWN)
-            self.registry.check_copies(src, dst, sizes, self._gpu_kind, "host")
-        else:
-            src, dst, sizes = plan.load()
+        if load:
             pending = any(other.direction is Direction.STORE for other in waits)
             order = safe_order(self._load_source, MemoryKind.DEVICE,
                                PendingWrites.YES if pending else PendingWrites.NO)
-            self.registry.check_copies(src, dst, sizes, "host", self._gpu_kind)
             partial = [self._failed_stores[w] for w in map(self._writer.get, job.cpu_keys.tolist())
                        if w in self._failed_stores]
-            if partial:
-                self._ids.add(job.job_id)
-                self._finished[job.job_id] = TransferResult(
-                    job.job_id, False, job.direction, job.bytes, 0.0,
-                    f"reads CPU chunks left partial by failed store {partial[0]!r}; nothing copied")
-                return False
+        else:
+            order = safe_order(MemoryKind.DEVICE, MemoryKind.PINNED_HOST, PendingWrites.UNKNOWN)
+            partial = []
+        if plan is not None:
+            src, dst, sizes = plan.load() if load else plan.store()
+            sides = (("host", self._gpu_kind) if load else (self._gpu_kind, "host"))
+            self.registry.check_copies(src, dst, sizes, *sides)
+        if partial:
+            self._ids.add(job.job_id)
+            self._finished[job.job_id] = TransferResult(
+                job.job_id, False, job.direction, job.bytes, 0.0,
+                f"reads CPU chunks left partial by failed store {partial[0]!r}; nothing copied")
+            return False
 
-        descriptors = self._descriptors.acquire(src, dst, sizes)
-        n = len(sizes)
+        descriptors = None
+        if plan is None:
+            # Page copies read in stream order: the job already waits for conflicting stores.
+            copy = functools.partial(self._pages.copy, *ids, load=load,
+                                     staged=self._method == "pages", max_ctas=self._page_ctas)
+        else:
+            descriptors = self._descriptors.acquire(src, dst, sizes)
+            n = len(sizes)
+            rows = (descriptors[0, :n], descriptors[1, :n], descriptors[2, :n])
+            if isinstance(self._lanes, HostLanes):
+                copy = functools.partial(host_copy, *rows, registry=UNCHECKED)
+            else:
+                copy = functools.partial(auto.copy, *rows, direction="h2d" if load else "d2h",
+                                         method=self._method, sm_budget=self._sm_budget,
+                                         order=order, registry=UNCHECKED)
         try:
-            job.handle = self._lanes.submit(
-                job.lane, "d2h" if job.direction is Direction.STORE else "h2d", descriptors[0, :n],
-                descriptors[1, :n], descriptors[2, :n], order, [w.handle for w in waits],
-                failing_with=[w.handle for w in waits if job.reads_output_of(w)])
+            job.handle = self._lanes.submit(job.lane, copy, [w.handle for w in waits],
+                                            failing_with=[w.handle for w in waits if job.reads_output_of(w)])
         except Exception:  # nothing was enqueued; after an interrupt it may have been
-            self._descriptors.release(descriptors)
+            if descriptors is not None:
+                self._descriptors.release(descriptors)
             raise
         job.descriptors = descriptors
         self._submitted += 1
@@ -285,6 +336,17 @@ class OffloadHandler:
             handles = [self._in_flight[job_id].handle for job_id in ids if job_id in self._in_flight]
         for handle in handles:
             self._lanes.wait(handle)
+
+    def fence(self, stream=None) -> None:
+        """On a GPU: ``stream`` (default: the current stream) waits for every job
+        submitted so far, without blocking the host."""
+        import torch
+
+        with self._lock:
+            self._check_open()
+            if not isinstance(self._lanes, CudaLanes):
+                raise RuntimeError("fence: only for a handler of GPU tensors")
+            self._lanes.fence(stream if stream is not None else torch.cuda.current_stream(self._device))
 
     def shutdown(self) -> None:
         """Waits for every job, then releases the lanes and the pool."""
@@ -321,7 +383,8 @@ class OffloadHandler:
                     job.job_id, error is None, job.direction, job.bytes, seconds, error)
                 del self._in_flight[job.job_id]
                 descriptors, job.descriptors = job.descriptors, None
-                self._descriptors.release(descriptors)
+                if descriptors is not None:
+                    self._descriptors.release(descriptors)
 
     def _note_failure(self, job: _Job) -> None:
         if job.writes_cpu:

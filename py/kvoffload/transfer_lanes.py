@@ -15,9 +15,7 @@ import queue
 import threading
 import time
 
-from kvoffload import auto
-from kvoffload.batch_copy import CudaError, host_copy
-from kvoffload.registry import UNCHECKED
+from kvoffload.batch_copy import CudaError
 
 
 @dataclasses.dataclass
@@ -29,19 +27,16 @@ class _CudaJob:
 
 class CudaLanes:
     """One CUDA stream per lane; a job starts after the compute stream's work so far.
-    Jobs copy with ``method`` (kvoffload.auto) within ``sm_budget`` CTAs."""
+    A job is a callable that enqueues its copies on the stream it is given."""
 
-    def __init__(self, torch, device, lanes: list[str], method: str = "auto",
-                 sm_budget: int | None = None):
+    def __init__(self, torch, device, lanes: list[str]):
         self._torch = torch
         self._device = device
-        self._method = method
-        self._sm_budget = sm_budget
         self._streams = {lane: torch.cuda.Stream(device, priority=-1 if lane == "expedited" else 0)
                          for lane in lanes}
         self._events = []  # (start, end) pairs to reuse
 
-    def submit(self, lane, direction, src, dst, sizes, order, waits, failing_with=()):
+    def submit(self, lane, copy, waits, failing_with=()):
         del failing_with  # a failed CUDA job marks its chunks partial as it is submitted
         stream = self._streams[lane]
         stream.wait_stream(self._torch.cuda.current_stream(self._device))
@@ -52,8 +47,7 @@ class CudaLanes:
         events[0].record(stream)
         error = None
         try:
-            auto.copy(src, dst, sizes, stream, direction=direction, method=self._method,
-                      sm_budget=self._sm_budget, order=order, registry=UNCHECKED)
+            copy(stream=stream)
         except CudaError as e:
             # Copies enqueued before the failure still run: the job stays in flight
             # until they are done, so jobs that depend on it wait for them.
@@ -81,14 +75,19 @@ class CudaLanes:
         self._events.append((handle.start, handle.end))
         return seconds, handle.error
 
+    def fence(self, stream) -> None:
+        """``stream`` waits for every job submitted so far."""
+        for lane in self._streams.values():
+            stream.wait_stream(lane)
+
     def close(self) -> None:
         for stream in self._streams.values():
             stream.synchronize()
 
 
 class _HostJob:
-    def __init__(self, src, dst, sizes, waits, failing_with):
-        self.args = (src, dst, sizes)
+    def __init__(self, copy, waits, failing_with):
+        self.copy = copy
         self.waits, self.failing_with = list(waits), list(failing_with)
         self.seconds, self.error = 0.0, None
         self.running = threading.Lock()  # held until the job is done
@@ -96,7 +95,7 @@ class _HostJob:
 
 
 class HostLanes:
-    """One worker thread per lane, copying host memory with memcpy."""
+    """One worker thread per lane; a job is a callable that copies when called."""
 
     def __init__(self, lanes: list[str]):
         self._queues = {lane: queue.SimpleQueue() for lane in lanes}
@@ -105,9 +104,8 @@ class HostLanes:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, lane, direction, src, dst, sizes, order, waits, failing_with=()):
-        del direction, order  # a host copy reads its source when it runs
-        job = _HostJob(src, dst, sizes, waits, failing_with)
+    def submit(self, lane, copy, waits, failing_with=()):
+        job = _HostJob(copy, waits, failing_with)
         self._queues[lane].put(job)
         return job
 
@@ -122,7 +120,7 @@ class HostLanes:
                     job.error = f"reads bytes a failed job left partial ({failed[0]}); nothing copied"
                 else:
                     start = time.perf_counter()
-                    host_copy(*job.args, registry=UNCHECKED)
+                    job.copy()
                     job.seconds = time.perf_counter() - start
             except Exception as e:  # reported as the job's failure
                 job.error = f"{type(e).__name__}: {e}"
