@@ -33,7 +33,7 @@ import numpy as np
 
 from kvoffload import auto
 from kvoffload.descriptor_pool import DescriptorPool
-from kvoffload.host_pool import HostPool, kv_layout, pool_bytes
+from kvoffload.host_pool import HostPool, PoolOptions, chunk_runs, kv_layout, pool_bytes
 from kvoffload.ordering import MemoryKind, PendingWrites, safe_order
 from kvoffload.planner import CPUSpec, GPUSpec, block_bytes, chunks_used, plan_transfer
 from kvoffload.registry import MemoryRegistry
@@ -91,7 +91,9 @@ class OffloadHandler:
     a group's tensors share the block count. num_cpu_chunks: chunks per group (an int
     for all groups). page_bytes[g]: bytes moved per block of group g's tensors (default:
     the whole block). host_buffer: a CPU tensor to use (and page-lock) as the pool
-    instead of allocating one; ``pool_bytes`` says how large it must be. method: how
+    instead of allocating one; ``pool_bytes`` says how large it must be. host_pool: how
+    the pool is made and pinned otherwise (kvoffload.host_pool.PoolOptions: shared,
+    huge pages, in the background). method: how
     jobs copy on a GPU ("auto", "batch", "per_copy", "kernel", "staged"; see
     kvoffload.auto), using at most ``sm_budget`` CTAs (None: no limit). With "auto", a
     machine without a cached calibration is measured here, taking some seconds and
@@ -101,7 +103,8 @@ class OffloadHandler:
     def __init__(self, gpu_tensors: Sequence[Sequence], num_cpu_chunks: int | Sequence[int],
                  blocks_per_chunk: int, *, page_bytes: Sequence[int] | None = None,
                  cpu_layout: str = "chunk_major", host_buffer=None, expedited_loads: bool = False,
-                 method: str = "auto", sm_budget: int | None = None):
+                 method: str = "auto", sm_budget: int | None = None,
+                 host_pool: PoolOptions | None = None):
         import torch
 
         gpu_tensors = [list(group) for group in gpu_tensors]
@@ -118,8 +121,9 @@ class OffloadHandler:
                   for i, t in enumerate(group)] for g, group in enumerate(gpu_tensors)]
 
         on_gpu = device.type == "cuda"
-        self.pool = HostPool(torch, pool_bytes(pages, num_cpu_chunks, blocks_per_chunk),
-                             host_buffer, pinned=on_gpu)
+        self.pool = HostPool(pool_bytes(pages, num_cpu_chunks, blocks_per_chunk), buffer=host_buffer,
+                             pinned=on_gpu, device=device.index or 0, options=host_pool,
+                             chunk_runs=chunk_runs(pages, num_cpu_chunks, blocks_per_chunk, cpu_layout))
         self.layout = kv_layout(gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk,
                                 self.pool.base, cpu_layout)
         self.gpu_tensors = gpu_tensors
@@ -166,7 +170,7 @@ class OffloadHandler:
                             "(CPUSpec, GPUSpec) for a load")
         if expedite and (direction is Direction.STORE or not self._expedited):
             raise ValueError("expedite: only for loads, on a handler made with expedited_loads=True")
-        plan = plan_transfer(self.layout, gpu, cpu)
+        plan = self.pool.ready_plan(plan_transfer(self.layout, gpu, cpu), job_id)
 
         bpc = self.layout.blocks_per_chunk
         used = [chunks_used(n, b, bpc) for n, b in zip(gpu.group_sizes, gpu.block_indices)]
