@@ -255,18 +255,28 @@ class HostPool:
     def _pin(self, ends: list[int], cpus: list[int], bind: int | None, threads: int,
              raise_errors: bool) -> None:
         """Touches piece after piece while a registrar thread registers each touched one."""
-        start, memory = time.monotonic(), self.memory
+        start, memory, broken = time.monotonic(), self.memory, threading.Event()
+
+        def register(at: int, end: int) -> None:
+            if broken.is_set() or self._stop:
+                return  # pieces pin in order: none after a failed one
+            try:
+                self._register(at, end, start)
+            except BaseException:
+                broken.set()
+                raise
+
         try:
             if bind is not None:
                 _C.pool_prefer_node(self.base, memory.mapped_bytes, bind)
             with ThreadPoolExecutor(1, thread_name_prefix="kvoffload-registrar") as registrar:
                 registered, at = [], 0
                 for end in ends:
-                    if self._stop or any(f.done() and f.exception() for f in registered):
+                    if self._stop or broken.is_set():
                         break
                     self._touch(at, end, cpus, threads)
                     if self.pinned:
-                        registered.append(registrar.submit(self._register, at, end, start))
+                        registered.append(registrar.submit(register, at, end))
                     else:
                         self._advance(end, start)
                     at = end
@@ -305,13 +315,13 @@ class HostPool:
         with self._cond:
             self._pinned_bytes = min(end, self.nbytes)
             self.seconds = time.monotonic() - start
+            last = self._pinned_bytes >= self.nbytes
+            if self.nbytes >= self.options.progress_bytes and (last or self.seconds >= self._printed + 1):
+                self._printed = self.seconds
+                done = "pinned" if self.pinned else "touched"
+                print(f"kvoffload: host pool {done} {self._pinned_bytes / 2**30:.1f} of "
+                      f"{self.nbytes / 2**30:.1f} GiB in {self.seconds:.1f} s", file=sys.stderr, flush=True)
             self._cond.notify_all()
-        last = self._pinned_bytes >= self.nbytes
-        if self.nbytes >= self.options.progress_bytes and (last or self.seconds >= self._printed + 1):
-            self._printed = self.seconds
-            done = "pinned" if self.pinned else "touched"
-            print(f"kvoffload: host pool {done} {self._pinned_bytes / 2**30:.1f} of "
-                  f"{self.nbytes / 2**30:.1f} GiB in {self.seconds:.1f} s", file=sys.stderr, flush=True)
 
     @property
     def pinned_bytes(self) -> int:
