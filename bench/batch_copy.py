@@ -5,10 +5,15 @@ beside the bulk copy (the link's physical limit) measured in the same run.
 
 Methods: one bulk copy of everything; the per-copy cudaMemcpyAsync loop (vLLM's
 swap_blocks); cuMemcpyBatchAsync with STREAM (vLLM's stores) and with ANY (vLLM's
-loads). Without a GPU it measures the host path instead, and says so.
+loads); kvoffload's raw-pointer kernel, staged and auto copies; and its id-addressed
+page copies (kvoffload.page_table, staged and direct), given the same blocks as block
+and chunk ids. With --interference=model,gemm each method also runs beside a compute
+loop (bench/interference.py). Without a GPU it measures the host path instead, and
+says so.
 """
 
 import datetime
+import functools
 import json
 import os
 import subprocess
@@ -17,8 +22,10 @@ import time
 import numpy as np
 from absl import app, flags
 
+import interference
 import kvoffload as kv
 from kvoffload import auto
+from kvoffload.page_table import PageTable
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("block_kib", ["4", "16", "64", "256", "1024", "2048"], "Block sizes in KiB.")
@@ -28,7 +35,8 @@ flags.DEFINE_integer("repeats", 3, "Measurements per point; the best is kept.")
 flags.DEFINE_list("directions", ["h2d", "d2h"], "h2d and/or d2h.")
 flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the workspace).")
 flags.DEFINE_string("plot", "", "Write a PNG plot of GB/s against block size here.")
-flags.DEFINE_list("methods", ["per_copy", "batch_stream", "batch_any", "kernel", "staged", "auto"],
+flags.DEFINE_list("methods", ["per_copy", "batch_stream", "batch_any", "kernel", "staged", "auto",
+                             "pages_staged", "pages_kernel"],
                   "Methods to measure beside the bulk copy.")
 flags.DEFINE_enum("pattern", "scattered", ["scattered", "host_runs"],
                   "scattered: both sides at random; host_runs: the host side in runs of "
@@ -38,8 +46,16 @@ flags.DEFINE_integer("kernel_ctas", 8, "CTA budget of the copy kernel.")
 flags.DEFINE_integer("staged_ctas", 8, "CTA budget of the staged copy's gather/scatter kernel.")
 flags.DEFINE_integer("slot_mib", 16, "Staging slot size, MiB.")
 flags.DEFINE_integer("slots", 4, "Staging slots.")
-flags.DEFINE_list("interference_kib", [], "Block sizes at which to also run each method beside "
-                  "a bf16 8192^3 matrix-product loop and report its slowdown.")
+flags.DEFINE_list("interference", [], "Compute loops (model, gemm; bench/interference.py) beside "
+                  "which to also run each method, at --interference_kib, reporting its step slowdown.")
+flags.DEFINE_list("interference_kib", ["4", "16"], "Block sizes measured beside compute.")
+flags.DEFINE_list("interference_methods", ["batch_any", "kernel", "staged", "auto", "pages_staged",
+                                           "pages_kernel"], "Methods measured beside compute.")
+flags.DEFINE_integer("passes", 8, "Copies of --moved_mib enqueued back to back beside compute.")
+flags.DEFINE_integer("page_ctas", 32, "CTAs of the page copies' kernels.")
+flags.DEFINE_integer("page_slot_mib", 64, "Staging slot size of the staged page copy, MiB.")
+flags.DEFINE_integer("page_slots", 2, "Staging slots of the staged page copy.")
+flags.DEFINE_bool("both", True, "Also measure stores and loads at once (direction 'both').")
 
 
 # The benchmark's addresses are made inside its own pools.
@@ -89,43 +105,42 @@ def time_gpu(torch, stream, submit):
     return start.elapsed_time(end) / 1e3, host
 
 
-def matmul_loop(torch, iterations=200):
-    """A bf16 8192^3 matrix-product loop on its own stream: (start and end events, run)."""
-    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    stream = torch.cuda.Stream()
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+class PageJobs:
+    """The benchmark's pools as a PageTable: one tensor of blocks over the device pool, and
+    chunks of one host run (one block when scattered) over the host pool."""
 
-    def run():
-        events[0].record(stream)
-        with torch.cuda.stream(stream):
-            for _ in range(iterations):
-                torch.mm(a, b)
-        events[1].record(stream)
-        torch.cuda.synchronize()
-        return events[0].elapsed_time(events[1]) / 1e3
+    def __init__(self, pools, block, pool):
+        self.block = block
+        self.bpc = max(1, (FLAGS.run_kib << 10) // block) if FLAGS.pattern == "host_runs" else 1
+        run = self.bpc * block
+        refs = np.array([[pools["device"].data_ptr(), block, block, pools["host"].data_ptr(), run]],
+                        dtype=np.int64)
+        self.table = PageTable(refs, [1], [pool // block], [pool // run], self.bpc)
+        self.pool = pool
 
-    def run_beside(stream_of_copies, copy):
-        """Copies back to back while the loop runs: (seconds per copy, loop seconds)."""
-        torch.cuda.synchronize()
-        events[0].record(stream)
-        with torch.cuda.stream(stream):
-            for _ in range(iterations):
-                torch.mm(a, b)
-        events[1].record(stream)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream_of_copies)
-        copies = 0
-        while copies == 0 or not events[1].query():
+    def job(self, rng, count):
+        """count random distinct blocks, to random distinct chunks."""
+        blocks = scattered_offsets(rng, count, self.block, self.pool) // self.block
+        chunks = scattered_offsets(rng, -(-count // self.bpc), self.bpc * self.block, self.pool)
+        return blocks, chunks // (self.bpc * self.block), [count], [0]
+
+    def copy(self, job, load, stream, staged):
+        return self.table.copy(*job, load=load, stream=stream, staged=staged,
+                               max_ctas=FLAGS.page_ctas, slot_bytes=FLAGS.page_slot_mib << 20,
+                               slots=FLAGS.page_slots)
+
+
+def back_to_back(torch, stream, copies, passes):
+    """Seconds on the stream for `passes` rounds of copies (callables) enqueued without a sync."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record(stream)
+    for _ in range(passes):
+        for copy in copies:
             copy()
-            copies += 1
-            stream_of_copies.synchronize()
-        end.record(stream_of_copies)
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / copies, events[0].elapsed_time(events[1]) / 1e3
-
-    run()
-    return run, run_beside
+    end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
 
 
 def measure_gpu(rng):
@@ -137,42 +152,91 @@ def measure_gpu(rng):
         "host": torch.empty(pool, dtype=torch.uint8, pin_memory=True),
         "device": torch.empty(pool, dtype=torch.uint8, device="cuda"),
     }
-    stream = torch.cuda.Stream()
+    streams = {"h2d": torch.cuda.Stream(), "d2h": torch.cuda.Stream()}
     ends = {"h2d": ("host", "device"), "d2h": ("device", "host")}
+    loops = {w: interference.ComputeLoop(torch, w) for w in FLAGS.interference}
     rows = []
-    mm = matmul_loop(torch) if FLAGS.interference_kib else None
-    alone = min(mm[0]() for _ in range(2)) if mm else None
-    for direction in FLAGS.directions:
+
+    def bulk(direction, stream):
         src, dst = (pools[e].data_ptr() for e in ends[direction])
-        bulk, host = min(
-            time_gpu(torch, stream, lambda: kv.batch_copy([src], [dst], [moved], stream, per_copy=True, **UNCHECKED))
-            for _ in range(FLAGS.repeats))
-        rows.append(dict(method="bulk", direction=direction, block_bytes=moved, seconds=bulk,
+        return lambda: kv.batch_copy([src], [dst], [moved], stream, per_copy=True, **UNCHECKED)
+
+    def measure(row, copies, kib, stream):
+        """Fills in row's rate alone and, at the interference sizes, beside each loop."""
+        best, host = min(time_gpu(torch, stream, lambda: [c() for c in copies])
+                         for _ in range(FLAGS.repeats))
+        rows.append(dict(row, seconds=best, submit_seconds=host))
+        if kib not in FLAGS.interference_kib or row["method"] not in FLAGS.interference_methods:
+            return
+        for workload, loop in loops.items():
+            got = loop.beside(stream, lambda: [c() for _ in range(FLAGS.passes) for c in copies],
+                              FLAGS.passes * moved * len(copies), FLAGS.passes * best)
+            rows.append(dict(row, seconds=best, workload=workload, gb_per_s_beside=got.gb_per_s,
+                             step_slowdown=got.step_slowdown, steps_in_window=got.steps_in_window))
+
+    for direction in FLAGS.directions:
+        stream = streams[direction]
+        best, host = min(time_gpu(torch, stream, bulk(direction, stream)) for _ in range(FLAGS.repeats))
+        rows.append(dict(method="bulk", direction=direction, block_bytes=moved, seconds=best,
                          submit_seconds=host))
-        methods = gpu_methods(direction)
-        for kib in FLAGS.block_kib:
-            block = int(kib) << 10
-            count = moved // block
+    if FLAGS.both:
+        both = [bulk(d, streams[d]) for d in ("h2d", "d2h")]
+        seconds = min(both_at_once(torch, streams, both) for _ in range(FLAGS.repeats))
+        rows.append(dict(method="bulk", direction="both", block_bytes=moved, seconds=seconds))
+    for kib in FLAGS.block_kib:
+        block = int(kib) << 10
+        count = moved // block
+        pages = PageJobs(pools, block, pool)
+        jobs = {}
+        for direction in FLAGS.directions:
+            stream = streams[direction]
+            methods = gpu_methods(direction)
             h = host_offsets(rng, count, block, pool) + pools["host"].data_ptr()
             g = scattered_offsets(rng, count, block, pool) + pools["device"].data_ptr()
             s, d = (h, g) if direction == "h2d" else (g, h)
             sizes = np.full(count, block, dtype=np.int64)
+            jobs[direction] = pages.job(rng, count)
             for method in FLAGS.methods:
-                copy = lambda: methods[method](s, d, sizes, stream)
-                best, host = min(time_gpu(torch, stream, copy) for _ in range(FLAGS.repeats))
-                row = dict(method=method, direction=direction, block_bytes=block, seconds=best,
-                           submit_seconds=host)
-                if mm and kib in FLAGS.interference_kib:
-                    per_copy, with_copies = mm[1](stream, copy)
-                    row["seconds_beside_matmul"] = per_copy
-                    row["matmul_slowdown"] = with_copies / alone - 1
-                rows.append(row)
+                if method.startswith("pages_"):
+                    copy = functools.partial(pages.copy, jobs[direction], direction == "h2d", stream,
+                                             method == "pages_staged")
+                else:
+                    copy = functools.partial(methods[method], s, d, sizes, stream)
+                measure(dict(method=method, direction=direction, block_bytes=block), [copy], kib, stream)
+        if FLAGS.both and len(jobs) == 2:
+            # Stores and loads at once, on disjoint blocks (two halves of a fresh job).
+            job = pages.job(rng, count)
+            half = count // 2 // pages.bpc * pages.bpc
+            store = (job[0][:half], job[1][: half // pages.bpc], [half], [0])
+            load = (job[0][half:2 * half], job[1][half // pages.bpc: 2 * half // pages.bpc], [half], [0])
+            for method in [m for m in FLAGS.methods if m.startswith("pages_")]:
+                staged = method == "pages_staged"
+                copies = [functools.partial(pages.copy, store, False, streams["d2h"], staged),
+                          functools.partial(pages.copy, load, True, streams["h2d"], staged)]
+                seconds = min(both_at_once(torch, streams, copies) for _ in range(FLAGS.repeats))
+                rows.append(dict(method=method, direction="both", block_bytes=block,
+                                 seconds=seconds * moved / (half * block)))
     machine = dict(device=torch.cuda.get_device_name(), driver=driver_version(),
                    torch=torch.__version__, cuda_runtime=torch.version.cuda,
                    batch_entry_point=kv.batch_entry_point_version())
-    if mm:
-        machine["matmul_alone_seconds"] = alone
+    for workload, loop in loops.items():
+        machine[f"{workload}_step_seconds"] = loop.step_seconds
     return rows, machine
+
+
+def both_at_once(torch, streams, copies):
+    """Seconds from the first to the last byte of copies enqueued on the two streams at once."""
+    start = torch.cuda.Event(enable_timing=True)
+    ends = [torch.cuda.Event(enable_timing=True) for _ in streams]
+    torch.cuda.synchronize()
+    start.record(streams["h2d"])
+    streams["d2h"].wait_event(start)
+    for copy in copies:
+        copy()
+    for end, stream in zip(ends, streams.values()):
+        end.record(stream)
+    torch.cuda.synchronize()
+    return max(start.elapsed_time(end) for end in ends) / 1e3
 
 
 def measure_host(rng):
@@ -223,13 +287,13 @@ def has_gpu():
 def add_rates(rows):
     bulk = {r["direction"]: r for r in rows if r["method"] == "bulk"}
     for r in rows:
-        moved = bulk[r["direction"]]["block_bytes"]
+        moved = bulk[r["direction"]]["block_bytes"] * (2 if r["direction"] == "both" else 1)
         r["gb_per_s"] = moved / r["seconds"] / 1e9
         r["ratio_to_bulk"] = bulk[r["direction"]]["seconds"] / r["seconds"]
         if "submit_seconds" in r:
             r["submit_us_per_copy"] = r["submit_seconds"] / (moved // r["block_bytes"]) * 1e6
-        if "seconds_beside_matmul" in r:
-            r["gb_per_s_beside_matmul"] = moved / r["seconds_beside_matmul"] / 1e9
+        if "gb_per_s_beside" in r:
+            r["ratio_beside_to_bulk"] = r["gb_per_s_beside"] / bulk[r["direction"]]["gb_per_s"]
     vllm = ("per_copy", "batch_stream", "batch_any")
     for r in rows:
         peers = [p["gb_per_s"] for p in rows if p["method"] in vllm and
@@ -238,7 +302,8 @@ def add_rates(rows):
             r["ratio_to_best_vllm_method"] = r["gb_per_s"] / max(peers)
 
 
-def print_table(rows):
+def print_table(all_rows):
+    rows = [r for r in all_rows if "workload" not in r]
     sizes = sorted({r["block_bytes"] for r in rows if r["method"] != "bulk"})
     header = f"{'method':<14}{'dir':<5}" + "".join(f"{s >> 10:>8} KiB" for s in sizes)
     print(header)
@@ -262,12 +327,14 @@ def print_table(rows):
         print("against the best of vLLM's methods (per-copy, batch STREAM, batch ANY): " + ", ".join(
             f"{r['method']} {r['direction']} {r['block_bytes'] >> 10}K {r['ratio_to_best_vllm_method']:.1f}x"
             for r in ours))
-    beside = [r for r in rows if "matmul_slowdown" in r]
+    beside = [r for r in all_rows if "workload" in r]
     if beside:
-        print("beside a bf16 8192^3 matrix-product loop: GB/s and the loop's slowdown")
+        print("beside a compute loop: GB/s alone, GB/s beside (ratio to bulk), the loop's step "
+              "slowdown against the same sustained loop beside an idle stream")
         for r in beside:
-            print(f"  {r['method']:<14}{r['direction']:<5}{r['block_bytes'] >> 10:>6} KiB "
-                  f"{r['gb_per_s_beside_matmul']:6.1f} GB/s  slowdown {r['matmul_slowdown']:+.1%}")
+            print(f"  {r['workload']:<6}{r['method']:<14}{r['direction']:<5}{r['block_bytes'] >> 10:>6} KiB "
+                  f"{r['gb_per_s']:6.1f} {r['gb_per_s_beside']:6.1f} GB/s ({r['ratio_beside_to_bulk']:4.0%})"
+                  f"  slowdown {r['step_slowdown']:+.1%} over {r['steps_in_window']} steps")
     submit = [r for r in rows if "submit_us_per_copy" in r and r["method"] != "bulk"]
     if submit:
         print("host time inside the call, us per copy: " + ", ".join(
@@ -290,10 +357,13 @@ def main(argv):
             out = os.path.join(os.environ["BUILD_WORKSPACE_DIRECTORY"], out)
         config = dict(pool_gib=FLAGS.pool_gib, moved_mib=FLAGS.moved_mib, repeats=FLAGS.repeats,
                       pattern=FLAGS.pattern, run_kib=FLAGS.run_kib, kernel_ctas=FLAGS.kernel_ctas,
-                      staged_ctas=FLAGS.staged_ctas, slot_mib=FLAGS.slot_mib, slots=FLAGS.slots)
+                      staged_ctas=FLAGS.staged_ctas, slot_mib=FLAGS.slot_mib, slots=FLAGS.slots,
+                      page_ctas=FLAGS.page_ctas, page_slot_mib=FLAGS.page_slot_mib,
+                      page_slots=FLAGS.page_slots, passes=FLAGS.passes,
+                      interference=FLAGS.interference)
         with open(out, "w") as f:
             json.dump(dict(date=datetime.date.today().isoformat(), machine=machine, config=config,
-                           results=rows), f, indent=1)
+                           rows=rows), f, indent=1)
         print(f"wrote {out}")
     if FLAGS.plot:
         plot(rows, machine, FLAGS.plot)

@@ -23,6 +23,7 @@ import time
 import numpy as np
 from absl import app, flags
 
+import interference
 import kvoffload as kv
 from kvoffload import auto
 from kvoffload.handler import OffloadHandler
@@ -37,6 +38,8 @@ flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the 
 flags.DEFINE_list("methods", ["auto", "batch"], "Handler copy methods to compare (kvoffload.auto).")
 flags.DEFINE_bool("concurrent", False, "Also run stores and loads at once.")
 flags.DEFINE_list("devices", [], "GPUs to run one handler each on, at once (e.g. 0,1).")
+flags.DEFINE_list("interference", [], "Compute loops (model, gemm; bench/interference.py) beside "
+                  "which to also run each method's stores and loads, reporting the step slowdown.")
 
 # name -> [(layers, kv heads, head dim)] per group; K and V are separate tensors.
 CACHES = {
@@ -144,6 +147,42 @@ def report(cache, method, direction, n, jobs, nbytes, wall, bulk_seconds_per_gib
     return row
 
 
+def beside(torch, loop, handler, specs, direction, nbytes, alone_seconds):
+    """The jobs submitted back to back while ``loop`` runs; the current stream marks
+    their window (it waits for them through handler.fence)."""
+    submitted = []
+
+    def enqueue():
+        submitted[:] = submit(handler, specs, direction, first_id=len(specs))
+        handler.fence()
+
+    got = loop.beside(torch.cuda.current_stream(), enqueue, nbytes, alone_seconds)
+    finish(handler, submitted)
+    return got
+
+
+def submit_cost_row(torch, rng, bpc, method):
+    """Host seconds inside transfer_async for a 1 GiB job of 4 KiB pages (one tensor of
+    2^18 blocks, chunks of bpc blocks at random), median of 5."""
+    blocks = 1 << 18
+    cache = [[torch.empty((blocks, 4096), dtype=torch.uint8, device="cuda")]]
+    handler = OffloadHandler(cache, blocks // bpc, bpc, method=method)
+    times = []
+    for i in range(6):
+        spec = (GPUSpec(rng.permutation(blocks), [blocks], [0]), CPUSpec(rng.permutation(blocks // bpc)))
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        handler.transfer_async(i, *spec)
+        times.append(time.perf_counter() - start)
+        handler.wait([i])
+    handler.get_finished()
+    handler.shutdown()
+    seconds = float(np.median(times[1:]))
+    print(f"host time to submit a 1 GiB job of 4 KiB pages ({method}): {seconds * 1e3:.2f} ms")
+    return dict(cache="4KiB-pages-1GiB", method=method, direction="store", block_bytes=4096,
+                submit_seconds=seconds)
+
+
 def multi_device_rows(torch, devices, rng, bpc, blocks, moved):
     """One Llama-3.1-8B handler per device, all storing (then loading) at once, against
     bulk copies on every device at once."""
@@ -191,11 +230,13 @@ def main(argv):
               f"store {(1 << 30) / bulk['store'] / 1e9:.1f} GB/s, both at once "
               f"{(1 << 30) / bulk['both'] / 1e9:.1f} GB/s together")
     rows = []
+    loops = {w: interference.ComputeLoop(torch, w) for w in FLAGS.interference} if gpu else {}
     for name, shape in CACHES.items():
         cache = make_cache(torch, shape, blocks, "cuda" if gpu else "cpu")
         handlers = {}
         chunks = blocks // bpc
         block_bytes = sum(2 * layers * TOKENS_PER_BLOCK * heads * dim * 2 for layers, heads, dim in shape)
+        page = TOKENS_PER_BLOCK * shape[0][1] * shape[0][2] * 2  # bytes per tensor of the first group
         for method, n in itertools.product(FLAGS.methods if gpu else ["host"],
                                            sorted({min(int(b), blocks // 2) for b in FLAGS.job_blocks})):
             handler = handlers.get(method) or handlers.setdefault(
@@ -206,8 +247,14 @@ def main(argv):
                 run_jobs(torch, handler, specs[:1], direction)  # warm up
                 wall, nbytes, seconds = run_jobs(torch, handler, specs, direction)
                 rows.append(report(name, method, direction, n, jobs, nbytes, wall,
-                                   bulk[direction] if bulk else None,
+                                   bulk[direction] if bulk else None, block_bytes=page,
                                    median_job_seconds=float(np.median(seconds))))
+                for workload, loop in loops.items():
+                    got = beside(torch, loop, handler, specs, direction, nbytes, wall)
+                    rows.append(dict(rows[-1], workload=workload, gb_per_s_beside=got.gb_per_s,
+                                     step_slowdown=got.step_slowdown, steps_in_window=got.steps_in_window))
+                    print(f"  beside {workload}: {got.gb_per_s:6.1f} GB/s, step slowdown "
+                          f"{got.step_slowdown:+.1%} over {got.steps_in_window} steps")
         if gpu and FLAGS.concurrent:
             n = max(min(int(b), blocks // 4) for b in FLAGS.job_blocks)
             jobs = max(2, moved // (n * block_bytes))
@@ -217,10 +264,13 @@ def main(argv):
                         for half, direction in enumerate(("store", "load"))]
                 run_at_once(torch, [(h, specs[:1], d) for h, specs, d in runs])  # warm up
                 wall, nbytes = run_at_once(torch, runs)
-                rows.append(report(name, method, "store+load", n, jobs, nbytes, wall, bulk["both"]))
+                rows.append(report(name, method, "both", n, jobs, nbytes, wall, bulk["both"],
+                                   block_bytes=page))
         for handler in handlers.values():
             handler.shutdown()
         del cache
+    if gpu:
+        rows += [submit_cost_row(torch, rng, bpc, m) for m in FLAGS.methods]
     if gpu and len(FLAGS.devices) > 1:
         rows += multi_device_rows(torch, [int(d) for d in FLAGS.devices], rng, bpc, blocks, moved)
     if FLAGS.out:
@@ -235,7 +285,7 @@ def main(argv):
                            config=dict(gpu_blocks=blocks, blocks_per_chunk=bpc, cpu_layout="chunk_major",
                                        calibration=auto.calibration().rates if gpu else None,
                                        moved_mib=moved >> 20),
-                           results=rows), f, indent=1)
+                           rows=rows), f, indent=1)
         print(f"wrote {out}")
 
 

@@ -1,8 +1,6 @@
 #include "cc/staged_copy.h"
 
 #include <algorithm>
-#include <map>
-#include <memory>
 #include <mutex>
 #include <numeric>
 #include <stdexcept>
@@ -14,6 +12,7 @@
 #include "cc/copy_kernel.h"
 #include "cc/cuda_check.h"
 #include "cc/memory_reach.h"
+#include "cc/staging_ring.h"
 #include "cc/stream_device.h"
 
 namespace kvoffload {
@@ -26,105 +25,26 @@ struct Slice {
   std::vector<int64_t> piece_src, piece_dst, piece_size;
 };
 
-// The device staging ring of one device, and the two streams that pipeline through it.
-class StagingRing {
- public:
-  explicit StagingRing(const StagedCopyOptions& options) : options_(options) {
-    CheckCuda(cudaMalloc(&memory_, options.slot_bytes * options.slots), "cudaMalloc (staging)");
-    CheckCuda(cudaStreamCreateWithFlags(&dma_, cudaStreamNonBlocking), "cudaStreamCreate");
-    // The gather/scatter kernels are short; at the highest priority their CTAs take the
-    // next free SMs even while a model's kernels fill the GPU, and the pipeline keeps up.
-    int lowest = 0, highest = 0;
-    CheckCuda(cudaDeviceGetStreamPriorityRange(&lowest, &highest),
-              "cudaDeviceGetStreamPriorityRange");
-    CheckCuda(cudaStreamCreateWithPriority(&kernel_, cudaStreamNonBlocking, highest),
-              "cudaStreamCreateWithPriority");
-    for (int i = 0; i < options.slots; ++i) {
-      cudaEvent_t free_event, full_event;
-      CheckCuda(cudaEventCreateWithFlags(&free_event, cudaEventDisableTiming), "cudaEventCreate");
-      CheckCuda(cudaEventCreateWithFlags(&full_event, cudaEventDisableTiming), "cudaEventCreate");
-      slot_free_.push_back(free_event);
-      slot_full_.push_back(full_event);
-    }
-    CheckCuda(cudaEventCreateWithFlags(&fence_, cudaEventDisableTiming), "cudaEventCreate");
-  }
+// Slot offsets become addresses in the slot used.
+void Relocate(Slice& slice, int64_t base, bool load) {
+  for (int64_t& a : load ? slice.dma_dst : slice.dma_src) a += base;
+  for (int64_t& a : load ? slice.piece_src : slice.piece_dst) a += base;
+}
 
-  ~StagingRing() {
-    cudaStreamSynchronize(dma_);
-    cudaStreamSynchronize(kernel_);
-    for (cudaEvent_t e : slot_free_) cudaEventDestroy(e);
-    for (cudaEvent_t e : slot_full_) cudaEventDestroy(e);
-    cudaEventDestroy(fence_);
-    cudaStreamDestroy(dma_);
-    cudaStreamDestroy(kernel_);
-    cudaFree(memory_);
-  }
-  StagingRing(const StagingRing&) = delete;
-  StagingRing& operator=(const StagingRing&) = delete;
+void Dma(const Slice& s, cudaStream_t stream) {
+  const CopyBatch batch{s.dma_src.data(), s.dma_dst.data(), s.dma_size.data(),
+                        static_cast<int64_t>(s.dma_size.size())};
+  BatchCopy(batch, stream);
+}
 
-  bool Fits(const StagedCopyOptions& o) const {
-    return o.slot_bytes == options_.slot_bytes && o.slots == options_.slots;
-  }
-
-  // Begin(stream), then Add() each slice, then End(stream): both internal streams start
-  // after the caller's stream's work so far, and the caller's stream waits for both.
-  void Begin(cudaStream_t stream) {
-    CheckCuda(cudaEventRecord(fence_, stream), "cudaEventRecord");
-    CheckCuda(cudaStreamWaitEvent(dma_, fence_, 0), "cudaStreamWaitEvent");
-    CheckCuda(cudaStreamWaitEvent(kernel_, fence_, 0), "cudaStreamWaitEvent");
-  }
-
-  void Add(Slice& slice, bool load, int max_ctas) {
-    cudaStream_t first = load ? dma_ : kernel_;
-    cudaStream_t second = load ? kernel_ : dma_;
-    const int slot = next_slot_;
-    next_slot_ = (next_slot_ + 1) % options_.slots;
-    const int64_t base = reinterpret_cast<int64_t>(memory_) + slot * options_.slot_bytes;
-    Relocate(slice, base, load);
-    CheckCuda(cudaStreamWaitEvent(first, slot_free_[slot], 0), "cudaStreamWaitEvent");
-    load ? Dma(slice, first) : Kernel(slice, max_ctas, first);
-    CheckCuda(cudaEventRecord(slot_full_[slot], first), "cudaEventRecord");
-    CheckCuda(cudaStreamWaitEvent(second, slot_full_[slot], 0), "cudaStreamWaitEvent");
-    load ? Kernel(slice, max_ctas, second) : Dma(slice, second);
-    CheckCuda(cudaEventRecord(slot_free_[slot], second), "cudaEventRecord");
-  }
-
-  void End(cudaStream_t stream) {
-    CheckCuda(cudaEventRecord(fence_, dma_), "cudaEventRecord");
-    CheckCuda(cudaStreamWaitEvent(stream, fence_, 0), "cudaStreamWaitEvent");
-    CheckCuda(cudaEventRecord(fence_, kernel_), "cudaEventRecord");
-    CheckCuda(cudaStreamWaitEvent(stream, fence_, 0), "cudaStreamWaitEvent");
-  }
-
- private:
-  // Slot offsets become addresses in the slot used.
-  static void Relocate(Slice& slice, int64_t base, bool load) {
-    for (int64_t& a : load ? slice.dma_dst : slice.dma_src) a += base;
-    for (int64_t& a : load ? slice.piece_src : slice.piece_dst) a += base;
-  }
-
-  static void Dma(const Slice& s, cudaStream_t stream) {
-    const CopyBatch batch{s.dma_src.data(), s.dma_dst.data(), s.dma_size.data(),
-                          static_cast<int64_t>(s.dma_size.size())};
-    BatchCopy(batch, stream);
-  }
-
-  static void Kernel(const Slice& s, int max_ctas, cudaStream_t stream) {
-    const int64_t n = s.piece_size.size();
-    std::vector<int64_t> pieces(3 * n);
-    std::copy(s.piece_src.begin(), s.piece_src.end(), pieces.begin());
-    std::copy(s.piece_dst.begin(), s.piece_dst.end(), pieces.begin() + n);
-    std::copy(s.piece_size.begin(), s.piece_size.end(), pieces.begin() + 2 * n);
-    UploadAndLaunch(pieces, n, max_ctas, stream);
-  }
-
-  StagedCopyOptions options_;
-  void* memory_ = nullptr;
-  cudaStream_t dma_ = nullptr, kernel_ = nullptr;
-  std::vector<cudaEvent_t> slot_free_, slot_full_;
-  cudaEvent_t fence_ = nullptr;
-  int next_slot_ = 0;
-};
+void Kernel(const Slice& s, int max_ctas, cudaStream_t stream) {
+  const int64_t n = s.piece_size.size();
+  std::vector<int64_t> pieces(3 * n);
+  std::copy(s.piece_src.begin(), s.piece_src.end(), pieces.begin());
+  std::copy(s.piece_dst.begin(), s.piece_dst.end(), pieces.begin() + n);
+  std::copy(s.piece_size.begin(), s.piece_size.end(), pieces.begin() + 2 * n);
+  UploadAndLaunch(pieces, n, max_ctas, stream);
+}
 
 constexpr int64_t kPieceBytes = int64_t{64} << 10;
 
@@ -190,8 +110,6 @@ class SliceCutter {
   int64_t offset_ = 0;  // bytes of copy order_[at_] already cut
 };
 
-std::mutex rings_mutex;
-
 }  // namespace
 
 CopyResult StagedCopy(const CopyBatch& batch, bool host_is_src, cudaStream_t stream,
@@ -227,30 +145,30 @@ CopyResult StagedCopy(const CopyBatch& batch, bool host_is_src, cudaStream_t str
 
   // One ring per device and direction, so that loads and stores in flight at once use
   // separate streams and slots and overlap (the DMA engines run both ways at once).
-  static std::map<std::pair<int, bool>, std::unique_ptr<StagingRing>>* rings =
-      new std::map<std::pair<int, bool>, std::unique_ptr<StagingRing>>();
-  std::lock_guard<std::mutex> lock(rings_mutex);
-  std::unique_ptr<StagingRing>& ring = (*rings)[{guard.device(), host_is_src}];
-  if (ring != nullptr && !ring->Fits(options)) {
-    CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the old ring drains
-    ring.reset();
-  }
-  if (ring == nullptr) ring = std::make_unique<StagingRing>(options);
-  ring->Begin(stream);
+  StagingRing& ring =
+      StagingRing::For(guard.device(), host_is_src, options.slot_bytes, options.slots);
+  std::lock_guard<std::mutex> lock(ring.mutex());
+  ring.Begin(stream);
   try {
     for (Slice& slice : slices) {
-      ring->Add(slice, host_is_src, options.max_ctas);
+      const StagingRing::Slot slot = ring.Next();
+      Relocate(slice, slot.address, host_is_src);
+      const bool load = host_is_src;
+      ring.Stage(
+          slot, load,
+          [&](cudaStream_t s) { load ? Dma(slice, s) : Kernel(slice, options.max_ctas, s); },
+          [&](cudaStream_t s) { load ? Kernel(slice, options.max_ctas, s) : Dma(slice, s); });
       ++result.driver_calls;
     }
   } catch (...) {
     // What was enqueued still runs: the caller's stream must still wait for it.
     try {
-      ring->End(stream);
+      ring.End(stream);
     } catch (...) {
     }
     throw;
   }
-  ring->End(stream);
+  ring.End(stream);
   return result;
 }
 

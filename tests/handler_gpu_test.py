@@ -9,7 +9,7 @@ import kvoffload as kv
 import kvoffload.auto
 from kvoffload import _C
 from kvoffload.handler import OffloadHandler
-from kvoffload.planner import CPUSpec, GPUSpec
+from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
 from kv_model import (a_failure_mid_job_fails_that_job_only, copy_half_then_fail, make_handler,
                       multi_group_with_an_empty_and_an_unaligned_group, pool_views, soak,
                       store_then_load_skipping_first_blocks)
@@ -26,7 +26,8 @@ def require_gpu():
 @pytest.mark.parametrize("cpu_layout", ["chunk_major", "per_tensor"])
 @pytest.mark.parametrize("page", [512, 1024])
 @pytest.mark.parametrize("bpc", [1, 3])
-@pytest.mark.parametrize("method", ["auto", "batch", "per_copy", "kernel", "staged"])
+@pytest.mark.parametrize("method", ["pages", "pages_kernel", "auto", "batch", "per_copy", "kernel",
+                                    "staged"])
 def test_store_and_load_skipping_the_first_blocks_of_a_chunk(cpu_layout, page, bpc, method):
     store_then_load_skipping_first_blocks("cuda", cpu_layout, page, bpc, method=method)
 
@@ -81,7 +82,7 @@ def test_a_load_right_after_a_store_of_the_same_chunks_reads_the_stored_bytes():
     handler.shutdown()
 
 
-@pytest.mark.parametrize("method", ["auto", "kernel", "staged"])
+@pytest.mark.parametrize("method", ["pages", "pages_kernel", "auto", "kernel", "staged"])
 def test_a_soak_of_mixed_jobs_loses_nothing(method):
     rng = np.random.default_rng(5)
     handler, model = make_handler(rng, [2048, 1024], [4, 2], num_blocks=96, num_chunks=80, bpc=2,
@@ -99,6 +100,38 @@ def test_a_cuda_failure_mid_job_fails_that_job_only(monkeypatch, method):
         kvoffload.auto.copy, kv.CudaError("cuMemcpyBatchAsync: CUDA_ERROR_LAUNCH_FAILED: injected"))
     monkeypatch.setattr(kvoffload.auto, "copy", failing)
     a_failure_mid_job_fails_that_job_only(handler, model, arm)
+    handler.shutdown()
+
+
+class HalfThenFail:
+    """Stands in for a handler's page table: once armed, its next copy moves the first
+    half of a one-group job's blocks and raises CudaError."""
+
+    def __init__(self, pages, bpc):
+        self._pages, self._bpc, self._armed = pages, bpc, False
+
+    def arm(self):
+        self._armed = True
+
+    def check(self, *ids):
+        self._pages.check(*ids)
+
+    def copy(self, block_ids, chunk_ids, sizes, firsts, **kwargs):
+        if not self._armed:
+            return self._pages.copy(block_ids, chunk_ids, sizes, firsts, **kwargs)
+        self._armed = False
+        half = sizes[0] // 2
+        self._pages.copy(block_ids[:half], chunk_ids[: chunks_used(half, firsts[0], self._bpc)],
+                         [half], firsts, **kwargs)
+        raise kv.CudaError("page copy kernel launch: cudaErrorLaunchFailure: injected")
+
+
+@pytest.mark.parametrize("method", ["pages", "pages_kernel"])
+def test_a_cuda_failure_mid_page_job_fails_that_job_only(method):
+    handler, model = make_handler(np.random.default_rng(6), [1024], [2], num_blocks=16, num_chunks=8,
+                                  bpc=2, cpu_layout="chunk_major", device="cuda", method=method)
+    handler._pages = failing = HalfThenFail(handler._pages, 2)
+    a_failure_mid_job_fails_that_job_only(handler, model, failing.arm)
     handler.shutdown()
 
 

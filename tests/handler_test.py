@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-import kvoffload.transfer_lanes
+import kvoffload.handler
 from kvoffload.handler import OffloadHandler
 from kvoffload.host_pool import cpu_tensor_layouts, pool_bytes
 from kvoffload.planner import CPUSpec, GPUSpec
@@ -106,8 +106,8 @@ def test_bad_jobs_raise_before_anything_is_submitted():
 def test_a_failure_mid_job_fails_that_job_only(monkeypatch):
     handler, model = make_handler(np.random.default_rng(6), [512], [2], num_blocks=16, num_chunks=8,
                                   bpc=2, cpu_layout="chunk_major")
-    failing, arm = copy_half_then_fail(kvoffload.transfer_lanes.host_copy, OSError("injected failure"))
-    monkeypatch.setattr(kvoffload.transfer_lanes, "host_copy", failing)
+    failing, arm = copy_half_then_fail(kvoffload.handler.host_copy, OSError("injected failure"))
+    monkeypatch.setattr(kvoffload.handler, "host_copy", failing)
     a_failure_mid_job_fails_that_job_only(handler, model, arm)
     handler.shutdown()
 

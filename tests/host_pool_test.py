@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from kvoffload import _C
-from kvoffload.host_pool import HostPool, PinnedMemoryError, PoolNotReadyError, PoolOptions
+from kvoffload.host_pool import (HostPool, PinnedMemoryError, PoolNotReadyError, PoolOptions, chunks_reach,
+                                 kv_layout)
 from kvoffload.planner import CPUSpec, GPUSpec, TransferPlan
 from kvoffload.pool_pieces import ChunkRun
 from kv_model import check, make_handler
@@ -180,14 +181,13 @@ def test_jobs_are_refused_until_their_chunks_are_pinned(monkeypatch):
     gate = Gate(monkeypatch)
     pool = HostPool(4 * MiB, pinned=False, options=PoolOptions(background=True, piece_bytes=MiB))
     gate.blocked.wait()
-    inside = plan([pool.base, pool.base + MiB - 4096], [4096, 4096])
-    assert pool.ready_plan(inside, "in") is inside
+    pool.require_pinned(pool.base + MiB, "in")
     with pytest.raises(PoolNotReadyError, match=r"job 'late': needs bytes of the host pool up to "
                        r"1052672, but only 1048576 of 4194304 are pinned yet"):
-        pool.ready_plan(plan([pool.base + MiB], [4096]), "late")
+        pool.require_pinned(pool.base + MiB + 4096, "late")
     gate.opened.set()
     pool.wait()
-    pool.ready_plan(plan([pool.base + MiB], [4096]), "late")
+    pool.require_pinned(pool.base + MiB + 4096, "late")
     pool.release()
 
 
@@ -209,8 +209,7 @@ def test_with_wait_for_pinning_a_job_waits_for_its_chunks(monkeypatch):
                     options=PoolOptions(background=True, piece_bytes=MiB, wait_for_pinning=True))
     gate.blocked.wait()
     pool._cond = SignallingCondition(gate.opened)  # the gate opens once the job waits
-    late = plan([pool.base + 3 * MiB], [4096])
-    assert pool.ready_plan(late, "late") is late
+    pool.require_pinned(pool.base + 3 * MiB + 4096, "late")
     assert pool.pinned_bytes >= 3 * MiB + 4096
     pool.release()
 
@@ -219,11 +218,25 @@ def test_copies_are_cut_where_registrations_meet(monkeypatch):
     FakeCuda(monkeypatch)
     pool = HostPool(64 << 10, options=PoolOptions(piece_bytes=16 << 10))
     whole = plan([pool.base + 4096, pool.base + (40 << 10)], [32 << 10, 4096])
-    cut = pool.ready_plan(whole, "job")
+    cut = pool.split_plan(whole)
     assert (cut.cpu - pool.base).tolist() == [4096, 16 << 10, 32 << 10, 40 << 10]
     assert cut.sizes.tolist() == [12 << 10, 16 << 10, 4096, 4096]
     assert (cut.gpu - cut.cpu == 1 << 40).all() and cut.total_bytes == whole.total_bytes
+    inside = plan([pool.base], [16 << 10])
+    assert pool.split_plan(inside) is inside
     pool.release()
+
+
+@pytest.mark.parametrize("cpu_layout", ["chunk_major", "per_tensor"])
+def test_a_jobs_reach_is_the_end_of_its_furthest_chunk(cpu_layout):
+    import torch
+
+    gpu = [[torch.zeros(4, 100, dtype=torch.uint8), torch.zeros(4, 300, dtype=torch.uint8)],
+           [torch.zeros(4, 64, dtype=torch.uint8)]]
+    layout = kv_layout(gpu, [[100, 300], [64]], [5, 3], 2, 1 << 20, cpu_layout)
+    assert chunks_reach(layout, np.array([4, 2]), [1, 1]) == (1 << 20) + 4096 + 3 * 128
+    assert chunks_reach(layout, np.array([0, 1, 0]), [2, 1]) == (1 << 20) + 4096 + 128
+    assert chunks_reach(layout, np.array([1]), [1, 0]) == (1 << 20) + (1600 if cpu_layout == "chunk_major" else 2200)
 
 
 def test_without_registration_the_pool_comes_from_cuda_host_alloc(monkeypatch):

@@ -19,7 +19,7 @@ def require_two_gpus():
     assert torch.cuda.device_count() >= 2, "multi-GPU tests need two CUDA devices"
 
 
-@pytest.mark.parametrize("method", ["auto", "batch", "kernel", "staged"])
+@pytest.mark.parametrize("method", ["pages", "auto", "batch", "kernel", "staged"])
 def test_one_handler_per_device_both_at_once(method):
     def run(device):
         rng = np.random.default_rng(device)

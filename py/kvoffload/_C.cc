@@ -6,7 +6,11 @@
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cc/batch_copy.h"
@@ -17,6 +21,8 @@
 #include "cc/first_touch.h"
 #include "cc/host_copy.h"
 #include "cc/host_memory.h"
+#include "cc/page_copy.h"
+#include "cc/page_table.h"
 #include "cc/pinned_pool.h"
 #include "cc/staged_copy.h"
 #include "cc/stream_device.h"
@@ -370,6 +376,107 @@ CopyResult PyCopyBlocks(nb::handle src_obj, nb::handle dst_obj, nb::handle mappi
       s, BatchCopyOptions{max_copies_per_call, false});
 }
 
+
+// A job's ids, copied once: checked and enqueued from the same snapshot, whatever
+// another thread does to the caller's arrays meanwhile.
+struct JobIds {
+  JobIds(nb::handle block_ids, nb::handle chunk_ids, nb::handle group_sizes,
+         nb::handle block_indices) {
+    Take(block_ids, "block_ids", blocks);
+    Take(chunk_ids, "chunk_ids", chunks);
+    Take(group_sizes, "group_sizes", sizes);
+    Take(block_indices, "block_indices", firsts);
+    if (firsts.size() != sizes.size()) {
+      throw nb::value_error(("block_indices: has " + std::to_string(firsts.size()) +
+                             " entries but group_sizes has " + std::to_string(sizes.size()))
+                                .c_str());
+    }
+  }
+  static void Take(nb::handle obj, const char* name, std::vector<int64_t>& out) {
+    const Int64Array array(obj, name, 1);
+    out.assign(array.data(), array.data() + array.size());
+  }
+  PageJob Job() const {
+    return PageJob{blocks.data(), static_cast<int64_t>(blocks.size()),
+                   chunks.data(), static_cast<int64_t>(chunks.size()),
+                   sizes.data(),  firsts.data(),
+                   static_cast<int64_t>(sizes.size())};
+  }
+  std::vector<int64_t> blocks, chunks, sizes, firsts;
+};
+
+nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> ToNumpy(std::vector<int64_t> values) {
+  auto* owned = new std::vector<int64_t>(std::move(values));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
+  return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(owned->data(), {owned->size()}, owner);
+}
+
+// A PageLayout, uploaded to each device on its first copy there.
+class PyPageTable {
+ public:
+  PyPageTable(nb::handle refs, nb::handle group_refs, nb::handle gpu_blocks,
+              nb::handle cpu_chunks, int64_t blocks_per_chunk)
+      : layout_(Refs(refs), Vector(group_refs, "group_refs"), Vector(gpu_blocks, "gpu_blocks"),
+                Vector(cpu_chunks, "cpu_chunks"), blocks_per_chunk) {}
+
+  void Check(const JobIds& ids) const { ValidateJob(layout_, ids.Job()); }
+
+  nb::tuple UnitCopies(const JobIds& ids) const {
+    const PageJob job = ids.Job();
+    ValidateJob(layout_, job);
+    std::vector<Segment> segments;
+    const int64_t units = BuildSegments(layout_, job, segments);
+    std::vector<int64_t> gpu, host, size;
+    kvoffload::UnitCopies(layout_, job.block_ids, segments, units, gpu, host, size);
+    return nb::make_tuple(ToNumpy(std::move(gpu)), ToNumpy(std::move(host)),
+                          ToNumpy(std::move(size)));
+  }
+
+  CopyResult Copy(const JobIds& ids, bool load, nb::handle stream_obj,
+                  const PageCopyOptions& options) {
+    const cudaStream_t stream = ToStream(stream_obj);
+    const PageJob job = ids.Job();
+    nb::gil_scoped_release release;
+    // PageCopy validates the job too, but the table is uploaded only for a valid one.
+    ValidatePageCopyOptions(options);
+    ValidateJob(layout_, job);
+    return PageCopy(OnDevice(StreamDevice(stream)), job, load, stream, options,
+                    /*validated=*/true);
+  }
+
+ private:
+  static std::vector<TensorRef> Refs(nb::handle obj) {
+    const Int64Array array(obj, "refs", 2);
+    if (array.size() > 0 && array.shape(1) != 5) {
+      throw nb::value_error("refs: expected shape [N, 5] (gpu_base, gpu_stride, page_bytes, "
+                            "cpu_base, cpu_stride)");
+    }
+    std::vector<TensorRef> refs(array.size() / 5);
+    for (size_t r = 0; r < refs.size(); ++r) {
+      const int64_t* row = array.data() + 5 * r;
+      refs[r] = TensorRef{row[0], row[1], row[2], row[3], row[4]};
+    }
+    return refs;
+  }
+
+  static std::vector<int64_t> Vector(nb::handle obj, const char* name) {
+    std::vector<int64_t> out;
+    JobIds::Take(obj, name, out);
+    return out;
+  }
+
+  const DevicePageTable& OnDevice(int device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_ptr<DevicePageTable>& table = tables_[device];
+    if (table == nullptr) table = std::make_unique<DevicePageTable>(layout_, device);
+    return *table;
+  }
+
+  PageLayout layout_;
+  std::mutex mutex_;
+  std::map<int, std::unique_ptr<DevicePageTable>> tables_;
+};
+
 }  // namespace
 }  // namespace kvoffload
 
@@ -439,6 +546,37 @@ NB_MODULE(_C, m) {
   m.def("host_unregister", &HostUnregister, nb::arg("address"));
   m.def("is_pinned_host", &IsPinnedHost, nb::arg("address"));
   m.attr("HOST_THREADING_BYTES") = kHostThreadingBytes;
+  nb::class_<PyPageTable>(m, "PageTable",
+                          "Every KV-cache group's tensors and the CPU pool, for jobs named by ids.")
+      .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, int64_t>(), nb::arg("refs"),
+           nb::arg("group_refs"), nb::arg("gpu_blocks"), nb::arg("cpu_chunks"),
+           nb::arg("blocks_per_chunk"))
+      .def(
+          "check",
+          [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i) {
+            t.Check(JobIds(b, c, g, i));
+          },
+          nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
+          nb::arg("block_indices"))
+      .def(
+          "unit_copies",
+          [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i) {
+            return t.UnitCopies(JobIds(b, c, g, i));
+          },
+          nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
+          nb::arg("block_indices"))
+      .def(
+          "copy",
+          [](PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i, bool load,
+             nb::handle stream, bool staged, int max_ctas, int64_t slot_bytes, int slots) {
+            return t.Copy(JobIds(b, c, g, i), load, stream,
+                          PageCopyOptions{staged, max_ctas, slot_bytes, slots});
+          },
+          nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
+          nb::arg("block_indices"), nb::arg("load"), nb::arg("stream").none(),
+          nb::arg("staged") = true, nb::arg("max_ctas") = 32,
+          nb::arg("slot_bytes") = int64_t{64} << 20, nb::arg("slots") = 2);
+  m.attr("PAGE_UNIT_BYTES") = kPageUnitBytes;
 
   // The host pool (kvoffload.host_pool): first touch, NUMA placement, registration.
   m.def(

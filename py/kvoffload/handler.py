@@ -27,16 +27,19 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from typing import Hashable, Iterable, Sequence
 
 import numpy as np
 
 from kvoffload import auto
 from kvoffload.descriptor_pool import DescriptorPool
-from kvoffload.host_pool import HostPool, PoolOptions, chunk_runs, kv_layout, pool_bytes
+from kvoffload.host_pool import HostPool, PoolOptions, chunk_runs, chunks_reach, kv_layout, pool_bytes
+from kvoffload.page_table import job_arguments, page_table
 from kvoffload.ordering import MemoryKind, PendingWrites, safe_order
 from kvoffload.planner import CPUSpec, GPUSpec, block_bytes, chunks_used, plan_transfer
-from kvoffload.registry import MemoryRegistry
+from kvoffload.batch_copy import host_copy
+from kvoffload.registry import UNCHECKED, MemoryRegistry
 from kvoffload.transfer_lanes import CudaLanes, HostLanes
 
 
@@ -79,6 +82,11 @@ class _Job:
         return bool(shared_cpu if self.direction is Direction.STORE else shared_gpu)
 
 
+def bpc_bytes(layout, tensor) -> int:
+    """Bytes of one tensor's sub-blocks in a chunk."""
+    return layout.blocks_per_chunk * tensor.page_bytes
+
+
 def _keys(ids: np.ndarray, counts: Sequence[int]) -> np.ndarray:
     groups = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
     return (groups << 40) | ids
@@ -94,16 +102,22 @@ class OffloadHandler:
     instead of allocating one; ``pool_bytes`` says how large it must be. host_pool: how
     the pool is made and pinned otherwise (kvoffload.host_pool.PoolOptions: shared,
     huge pages, in the background). method: how
-    jobs copy on a GPU ("auto", "batch", "per_copy", "kernel", "staged"; see
-    kvoffload.auto), using at most ``sm_budget`` CTAs (None: no limit). With "auto", a
-    machine without a cached calibration is measured here, taking some seconds and
-    1 GiB each of pinned and device memory for the while.
+    jobs copy on a GPU. "pages" (the default) and "pages_kernel" send each job as ids
+    and compute its addresses on the GPU (kvoffload.page_table): "pages" moves host runs
+    by DMA through a staging ring and scatters or gathers the HBM side with a kernel of
+    ``page_ctas`` CTAs, "pages_kernel" has that kernel reach the pool itself. "auto",
+    "batch", "per_copy", "kernel" and "staged" plan every page on the host and copy
+    raw pointers (kvoffload.auto), using at most ``sm_budget`` CTAs (None: no limit);
+    with "auto", a machine without a cached calibration is measured here, taking some
+    seconds and 1 GiB each of pinned and device memory for the while.
     """
+
+    PAGE_METHODS = ("pages", "pages_kernel")
 
     def __init__(self, gpu_tensors: Sequence[Sequence], num_cpu_chunks: int | Sequence[int],
                  blocks_per_chunk: int, *, page_bytes: Sequence[int] | None = None,
                  cpu_layout: str = "chunk_major", host_buffer=None, expedited_loads: bool = False,
-                 method: str = "auto", sm_budget: int | None = None,
+                 method: str = "pages", sm_budget: int | None = None, page_ctas: int = 32,
                  host_pool: PoolOptions | None = None):
         import torch
 
@@ -136,12 +150,27 @@ class OffloadHandler:
             self.registry.register("host pool", self.pool.base, self.pool.nbytes, "host")
         self._gpu_kind = "device" if on_gpu else "host"
         lanes = ["store", "load"] + (["expedited"] if expedited_loads else [])
-        if method != "auto" and method not in auto.METHODS:
-            raise ValueError(f"method: expected 'auto' or one of {auto.METHODS}, got {method!r}")
+        methods = ("auto",) + auto.METHODS + self.PAGE_METHODS
+        if method not in methods:
+            raise ValueError(f"method: expected one of {methods}, got {method!r}")
         if on_gpu and method == "auto":
             auto.calibration()  # loaded, or measured now (seconds) rather than in the first job
-        self._lanes = (CudaLanes(torch, device, lanes, method, sm_budget) if on_gpu
-                       else HostLanes(lanes))
+        self._method, self._sm_budget, self._page_ctas = method, sm_budget, page_ctas
+        self._pages = None
+        if on_gpu and method in self.PAGE_METHODS:
+            # Every page a job names lies inside these extents, checked once here; a job
+            # then needs only its ids checked.
+            self._pages = page_table(self.layout)
+            for g, group in enumerate(self.layout.groups):
+                for t in group.tensors:
+                    if group.num_gpu_blocks:
+                        gpu_span = (group.num_gpu_blocks - 1) * t.gpu_stride + t.page_bytes
+                        self.registry.check([t.gpu_base], [gpu_span], "device", f"group {g} GPU extent")
+                    if group.num_cpu_chunks:
+                        cpu_span = (group.num_cpu_chunks - 1) * t.cpu_stride + bpc_bytes(self.layout, t)
+                        self.registry.check([t.cpu_base], [cpu_span], "host", f"group {g} CPU extent")
+        self._device = device
+        self._lanes = CudaLanes(torch, device, lanes) if on_gpu else HostLanes(lanes)
         self._load_source = MemoryKind.PINNED_HOST if on_gpu else MemoryKind.PAGEABLE_HOST
         self._expedited = expedited_loads
         self._descriptors = DescriptorPool()
@@ -170,41 +199,58 @@ class OffloadHandler:
                             "(CPUSpec, GPUSpec) for a load")
         if expedite and (direction is Direction.STORE or not self._expedited):
             raise ValueError("expedite: only for loads, on a handler made with expedited_loads=True")
-        plan = self.pool.ready_plan(plan_transfer(self.layout, gpu, cpu), job_id)
+        load = direction is Direction.LOAD
+        if self._pages is not None:
+            ids = job_arguments(gpu, cpu)
+            self._pages.check(*ids)
+            nbytes = sum(n * t.page_bytes for n, group in zip(gpu.group_sizes, self.layout.groups)
+                         for t in group.tensors)
+        else:
+            plan = self.pool.split_plan(plan_transfer(self.layout, gpu, cpu))
+            nbytes = plan.total_bytes
 
         bpc = self.layout.blocks_per_chunk
         used = [chunks_used(n, b, bpc) for n, b in zip(gpu.group_sizes, gpu.block_indices)]
-        job = _Job(direction, "expedited" if expedite else direction.value, plan.total_bytes,
+        self.pool.require_pinned(chunks_reach(self.layout, cpu.chunk_ids, used), job_id)
+        job = _Job(direction, "expedited" if expedite else direction.value, nbytes,
                    _keys(gpu.block_ids, gpu.group_sizes), _keys(cpu.chunk_ids, used), None, None)
         self._collect()
         waits = [other for other in self._in_flight.values()
                  if other.lane != job.lane and job.conflicts_with(other)]
-        if direction is Direction.STORE:
-            src, dst, sizes = plan.store()
-            order = safe_order(MemoryKind.DEVICE, MemoryKind.PINNED_HOST, PendingWrites.UNKNOWN)
-        else:
-            src, dst, sizes = plan.load()
+        if load:
             pending = any(other.direction is Direction.STORE for other in waits)
             order = safe_order(self._load_source, MemoryKind.DEVICE,
                                PendingWrites.YES if pending else PendingWrites.NO)
-
-        if direction is Direction.STORE:
-            self.registry.check_copies(src, dst, sizes, self._gpu_kind, "host")
-        else:
-            self.registry.check_copies(src, dst, sizes, "host", self._gpu_kind)
             partial = [self._failed_stores[w] for w in map(self._chunk_writer.get, job.cpu_keys.tolist())
                        if w in self._failed_stores]
-            if partial:
-                self._finished.append(TransferResult(
-                    job_id, False, direction, job.bytes, 0.0,
-                    f"reads CPU chunks left partial by failed store {partial[0]!r}; nothing copied"))
-                return False
+        else:
+            order = safe_order(MemoryKind.DEVICE, MemoryKind.PINNED_HOST, PendingWrites.UNKNOWN)
+            partial = []
+        if self._pages is None:
+            src, dst, sizes = plan.load() if load else plan.store()
+            sides = (("host", self._gpu_kind) if load else (self._gpu_kind, "host"))
+            self.registry.check_copies(src, dst, sizes, *sides)
+        if partial:
+            self._finished.append(TransferResult(
+                job_id, False, direction, job.bytes, 0.0,
+                f"reads CPU chunks left partial by failed store {partial[0]!r}; nothing copied"))
+            return False
 
-        job.descriptors = self._descriptors.acquire(src, dst, sizes)
-        n = len(sizes)
-        job.handle = self._lanes.submit(
-            job.lane, "d2h" if direction is Direction.STORE else "h2d", job.descriptors[0, :n],
-            job.descriptors[1, :n], job.descriptors[2, :n], order, [w.handle for w in waits])
+        if self._pages is not None:
+            # Page copies read in stream order: the job already waits for conflicting stores.
+            copy = functools.partial(self._pages.copy, *ids, load=load,
+                                     staged=self._method == "pages", max_ctas=self._page_ctas)
+        else:
+            job.descriptors = self._descriptors.acquire(src, dst, sizes)
+            n = len(sizes)
+            descriptors = (job.descriptors[0, :n], job.descriptors[1, :n], job.descriptors[2, :n])
+            if isinstance(self._lanes, HostLanes):
+                copy = functools.partial(host_copy, *descriptors, registry=UNCHECKED)
+            else:
+                copy = functools.partial(auto.copy, *descriptors, direction="h2d" if load else "d2h",
+                                         method=self._method, sm_budget=self._sm_budget,
+                                         order=order, registry=UNCHECKED)
+        job.handle = self._lanes.submit(job.lane, copy, [w.handle for w in waits])
         self._submitted += 1
         job.seq = self._submitted
         self._in_flight[job_id] = job
@@ -228,6 +274,16 @@ class OffloadHandler:
             if job is not None:
                 self._lanes.wait(job.handle)
 
+    def fence(self, stream=None) -> None:
+        """On a GPU: ``stream`` (default: the current stream) waits for every job
+        submitted so far, without blocking the host."""
+        self._check_open()
+        if not isinstance(self._lanes, CudaLanes):
+            raise RuntimeError("fence: only for a handler of GPU tensors")
+        import torch
+
+        self._lanes.fence(stream if stream is not None else torch.cuda.current_stream(self._device))
+
     def shutdown(self) -> None:
         """Waits for every job, then releases the lanes and the pool."""
         if self._closed:
@@ -246,7 +302,8 @@ class OffloadHandler:
         for job_id, job in list(self._in_flight.items()):
             if self._lanes.done(job.handle):
                 seconds, error = self._lanes.finish(job.handle)
-                self._descriptors.release(job.descriptors)
+                if job.descriptors is not None:
+                    self._descriptors.release(job.descriptors)
                 del self._in_flight[job_id]
                 if error is not None:
                     self._note_failure(job_id, job)

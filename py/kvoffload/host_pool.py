@@ -99,6 +99,19 @@ def chunk_runs(pages: Sequence[Sequence[int]], num_chunks: Sequence[int], blocks
     return runs
 
 
+def chunks_reach(layout: KVLayout, chunk_ids: np.ndarray, chunks_per_group: Sequence[int]) -> int:
+    """The address just past the furthest byte of a job's chunks (ids concatenated by
+    group, ``chunks_per_group[g]`` of group g) in the pool of ``layout``."""
+    reach, at = 0, 0
+    for group, n in zip(layout.groups, chunks_per_group):
+        if n and group.tensors:
+            last = int(np.max(chunk_ids[at:at + n]))
+            reach = max(reach, max(t.cpu_base + last * t.cpu_stride + layout.blocks_per_chunk * t.page_bytes
+                                   for t in group.tensors))
+        at += n
+    return reach
+
+
 class PoolNotReadyError(RuntimeError):
     """A job needs chunks of a pool that are not pinned yet."""
 
@@ -349,22 +362,24 @@ class HostPool:
         if self._error is not None:
             raise PinnedMemoryError(str(self._error)) from self._error
 
-    def ready_plan(self, plan: TransferPlan, job_id: Hashable) -> TransferPlan:
-        """``plan`` with its copies cut where the pool's registrations meet, once every
-        chunk it touches is pinned: waits for them with ``wait_for_pinning``, else raises
-        PoolNotReadyError."""
-        if plan.descriptors == 0:
-            return plan
-        reach = int((plan.cpu + plan.sizes).max()) - self.base
-        if reach > self._pinned_bytes:
-            if not self.options.wait_for_pinning:
-                self._raise_error()
-                raise PoolNotReadyError(
-                    f"job {job_id!r}: needs bytes of the host pool up to {reach}, but only "
-                    f"{self._pinned_bytes} of {self.nbytes} are pinned yet; wait for pool.wait(), "
-                    "or make the pool with PoolOptions(wait_for_pinning=True)")
-            if not self._wait_for(reach):
-                raise PoolNotReadyError(f"job {job_id!r}: the host pool was released")
+    def require_pinned(self, reach: int, job_id: Hashable) -> None:
+        """Returns once the pool is pinned up to address ``reach`` (a job's furthest byte,
+        ``chunks_reach()``): at once if it is, after waiting for it with
+        ``wait_for_pinning``, else raises PoolNotReadyError."""
+        reach -= self.base
+        if reach <= self._pinned_bytes:
+            return
+        if not self.options.wait_for_pinning:
+            self._raise_error()
+            raise PoolNotReadyError(
+                f"job {job_id!r}: needs bytes of the host pool up to {reach}, but only "
+                f"{self._pinned_bytes} of {self.nbytes} are pinned yet; wait for pool.wait(), "
+                "or make the pool with PoolOptions(wait_for_pinning=True)")
+        if not self._wait_for(reach):
+            raise PoolNotReadyError(f"job {job_id!r}: the host pool was released")
+
+    def split_plan(self, plan: TransferPlan) -> TransferPlan:
+        """``plan`` with its copies cut where two of the pool's registrations meet."""
         cpu, gpu, sizes = split_at(self._edges, plan.cpu, plan.gpu, plan.sizes)
         if cpu is plan.cpu:
             return plan

@@ -11,9 +11,7 @@ import concurrent.futures
 import dataclasses
 import time
 
-from kvoffload import auto
-from kvoffload.batch_copy import CudaError, host_copy
-from kvoffload.registry import UNCHECKED
+from kvoffload.batch_copy import CudaError
 
 
 @dataclasses.dataclass
@@ -25,19 +23,16 @@ class _CudaJob:
 
 class CudaLanes:
     """One CUDA stream per lane; a job starts after the compute stream's work so far.
-    Jobs copy with ``method`` (kvoffload.auto) within ``sm_budget`` CTAs."""
+    A job is a callable that enqueues its copies on the stream it is given."""
 
-    def __init__(self, torch, device, lanes: list[str], method: str = "auto",
-                 sm_budget: int | None = None):
+    def __init__(self, torch, device, lanes: list[str]):
         self._torch = torch
         self._device = device
-        self._method = method
-        self._sm_budget = sm_budget
         self._streams = {lane: torch.cuda.Stream(device, priority=-1 if lane == "expedited" else 0)
                          for lane in lanes}
         self._events = []  # (start, end) pairs to reuse
 
-    def submit(self, lane, direction, src, dst, sizes, order, waits):
+    def submit(self, lane, copy, waits):
         stream = self._streams[lane]
         stream.wait_stream(self._torch.cuda.current_stream(self._device))
         for other in waits:
@@ -47,8 +42,7 @@ class CudaLanes:
         events[0].record(stream)
         error = None
         try:
-            auto.copy(src, dst, sizes, stream, direction=direction, method=self._method,
-                      sm_budget=self._sm_budget, order=order, registry=UNCHECKED)
+            copy(stream=stream)
         except CudaError as e:
             # Copies enqueued before the failure still run: the job stays in flight
             # until they are done, so jobs that depend on it wait for them.
@@ -76,29 +70,33 @@ class CudaLanes:
         self._events.append((handle.start, handle.end))
         return seconds, handle.error
 
+    def fence(self, stream) -> None:
+        """``stream`` waits for every job submitted so far."""
+        for lane in self._streams.values():
+            stream.wait_stream(lane)
+
     def close(self) -> None:
         for stream in self._streams.values():
             stream.synchronize()
 
 
 class HostLanes:
-    """One worker thread per lane, copying host memory with memcpy."""
+    """One worker thread per lane; a job is a callable that copies when called."""
 
     def __init__(self, lanes: list[str]):
         self._workers = {lane: concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=lane)
                          for lane in lanes}
 
-    def submit(self, lane, direction, src, dst, sizes, order, waits):
-        del direction, order  # a host copy reads its source when it runs
-        return self._workers[lane].submit(self._run, src, dst, sizes, list(waits))
+    def submit(self, lane, copy, waits):
+        return self._workers[lane].submit(self._run, copy, list(waits))
 
     @staticmethod
-    def _run(src, dst, sizes, waits):
+    def _run(copy, waits):
         for other in waits:
             if other.exception() is not None:
                 raise RuntimeError(f"depends on failed job: {other.exception()}")
         start = time.perf_counter()
-        host_copy(src, dst, sizes, registry=UNCHECKED)
+        copy()
         return time.perf_counter() - start
 
     @staticmethod

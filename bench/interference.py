@@ -1,0 +1,125 @@
+"""What a copy costs a model running beside it, measured soundly.
+
+Two compute loops, each step captured once as a CUDA graph so that the host enqueues
+a whole loop in microseconds:
+- ``model``: a Llama-3.1-8B-shaped prefill layer (4096 tokens, 32 query / 8 KV heads of
+  128, MLP 14336, RMSNorm, causal SDPA, bf16, random weights);
+- ``gemm``: bf16 8192^3 matrix products, four per step.
+
+The loop is enqueued first and covers the whole copy window; the copies start after
+some warm-up steps (clocks have fallen by then) and go back to back with no host sync.
+GB/s is taken over the copies' own window, from events on their stream. Step time is
+the mean of the steps whose events lie inside that window, against the same steps of the
+same sustained loop run beside an idle stream in this process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+WORKLOADS = ("model", "gemm")
+WARM_STEPS = {"model": 20, "gemm": 60}
+
+
+def _model_step(torch, device):
+    tokens, hidden, heads, kv_heads, head_dim, mlp = 4096, 4096, 32, 8, 128, 14336
+    bf16 = dict(dtype=torch.bfloat16, device=device)
+    scale = hidden ** -0.5
+    w = {name: torch.randn(shape, **bf16) * scale for name, shape in {
+        "q": (hidden, heads * head_dim), "k": (hidden, kv_heads * head_dim),
+        "v": (hidden, kv_heads * head_dim), "o": (heads * head_dim, hidden),
+        "gate": (hidden, mlp), "up": (hidden, mlp), "down": (mlp, hidden)}.items()}
+    norm = torch.ones(hidden, **bf16)
+    x = torch.randn(tokens, hidden, **bf16)
+    F = torch.nn.functional
+
+    def step():
+        h = F.rms_norm(x, (hidden,), norm)
+        q = (h @ w["q"]).view(1, tokens, heads, head_dim).transpose(1, 2)
+        k = (h @ w["k"]).view(1, tokens, kv_heads, head_dim).transpose(1, 2)
+        v = (h @ w["v"]).view(1, tokens, kv_heads, head_dim).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        h = x + a.transpose(1, 2).reshape(tokens, heads * head_dim) @ w["o"]
+        m = F.rms_norm(h, (hidden,), norm)
+        return h + (F.silu(m @ w["gate"]) * (m @ w["up"])) @ w["down"]
+
+    return step
+
+
+def _gemm_step(torch, device):
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+    return lambda: [torch.mm(a, b) for _ in range(4)]
+
+
+@dataclasses.dataclass
+class Beside:
+    gb_per_s: float  # the copies' rate over their window, beside the loop
+    step_slowdown: float  # mean step inside the window over the same steps beside an idle stream
+    steps_in_window: int
+    step_seconds: float
+    idle_step_seconds: float
+
+
+class ComputeLoop:
+    """One workload's step as a CUDA graph on its own stream."""
+
+    def __init__(self, torch, workload: str, device="cuda"):
+        if workload not in WORKLOADS:
+            raise ValueError(f"workload: expected one of {WORKLOADS}, got {workload!r}")
+        self.torch, self.workload = torch, workload
+        self.stream = torch.cuda.Stream(device)
+        # The step (and the tensors it closes over) lives as long as its graph.
+        self._step = step = (_model_step if workload == "model" else _gemm_step)(torch, device)
+        with torch.cuda.stream(self.stream):
+            step()  # warm-up outside capture (library handles, autotuning)
+        self.stream.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, stream=self.stream):
+            step()
+        self.step_seconds = self._steps(5)[-1]
+
+    def _enqueue(self, steps: int):
+        events = [self.torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+        with self.torch.cuda.stream(self.stream):
+            for i in range(steps):
+                events[i].record(self.stream)
+                self.graph.replay()
+            events[steps].record(self.stream)
+        return events
+
+    def _steps(self, steps: int) -> list[float]:
+        events = self._enqueue(steps)
+        events[-1].synchronize()
+        return [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+
+    def beside(self, copy_stream, enqueue_copies, moved_bytes: int, expected_seconds: float) -> Beside:
+        """Runs ``enqueue_copies()`` (which enqueues ``moved_bytes`` of copies on
+        copy_stream, back to back) while the loop runs, and again the loop alone."""
+        torch = self.torch
+        warm = WARM_STEPS[self.workload]
+        for cover in (3, 8, 20):
+            torch.cuda.synchronize()
+            steps = warm + int(cover * expected_seconds / self.step_seconds) + 4
+            events = self._enqueue(steps)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            copy_stream.wait_event(events[warm])
+            start.record(copy_stream)
+            enqueue_copies()
+            end.record(copy_stream)
+            torch.cuda.synchronize()
+            if events[-1].elapsed_time(end) <= 0:  # the loop outlasted the copies
+                break
+        else:
+            raise RuntimeError(f"the {self.workload} loop did not cover the copies")
+        window = start.elapsed_time(end) / 1e3
+        inside = [i for i in range(steps)
+                  if start.elapsed_time(events[i]) >= 0 and events[i + 1].elapsed_time(end) >= 0]
+        if not inside:
+            raise RuntimeError("no compute step lies inside the copy window; move more bytes")
+        times = [events[i].elapsed_time(events[i + 1]) / 1e3 for i in inside]
+        torch.cuda.synchronize()
+        idle = self._steps(steps)
+        idle_times = [idle[i] for i in inside]
+        step, idle_step = sum(times) / len(times), sum(idle_times) / len(idle_times)
+        return Beside(moved_bytes / window / 1e9, step / idle_step - 1, len(inside), step, idle_step)

@@ -1,0 +1,101 @@
+#ifndef KVOFFLOAD_CC_PAGE_TABLE_H_
+#define KVOFFLOAD_CC_PAGE_TABLE_H_
+
+// KV transfers named by ids, as vLLM's offload worker names them: a layout of every
+// group's tensors, uploaded once, and per job the GPU block ids and CPU chunk ids. The
+// host checks the ids and cuts the job into segments (a tensor's pages in one chunk);
+// the GPU computes every page's addresses (cc/page_address.h). Host work grows with
+// chunks times tensors, not with pages.
+
+#include <cstdint>
+#include <vector>
+
+#include "cc/page_address.h"
+
+namespace kvoffload {
+
+// Every group's tensors and the CPU pool's geometry, validated at construction.
+class PageLayout {
+ public:
+  // refs: every group's tensors, group after group; group_refs[g]: how many refs group g
+  // has; gpu_blocks[g], cpu_chunks[g]: its block and chunk counts.
+  PageLayout(std::vector<TensorRef> refs, const std::vector<int64_t>& group_refs,
+             std::vector<int64_t> gpu_blocks, std::vector<int64_t> cpu_chunks,
+             int64_t blocks_per_chunk);
+
+  const std::vector<TensorRef>& refs() const { return refs_; }
+  int64_t groups() const { return static_cast<int64_t>(gpu_blocks_.size()); }
+  int64_t first_ref(int64_t g) const { return first_ref_[g]; }
+  int64_t end_ref(int64_t g) const { return first_ref_[g + 1]; }
+  int64_t gpu_blocks(int64_t g) const { return gpu_blocks_[g]; }
+  int64_t cpu_chunks(int64_t g) const { return cpu_chunks_[g]; }
+  int64_t blocks_per_chunk() const { return blocks_per_chunk_; }
+  // Whether a chunk of group g holds its tensors' sub-blocks one after another (a
+  // chunk-major pool): the job's segments then go chunk by chunk, else tensor by tensor.
+  bool chunk_major(int64_t g) const { return chunk_major_[g] != 0; }
+  // Bytes from ref r's base to the end of its last block (GPU) or chunk (CPU).
+  int64_t gpu_span(int64_t r) const { return gpu_span_[r]; }
+  int64_t cpu_span(int64_t r) const { return cpu_span_[r]; }
+
+ private:
+  std::vector<TensorRef> refs_;
+  std::vector<int64_t> first_ref_;
+  std::vector<int64_t> gpu_blocks_, cpu_chunks_;
+  std::vector<uint8_t> chunk_major_;
+  std::vector<int64_t> gpu_span_, cpu_span_;
+  int64_t blocks_per_chunk_;
+};
+
+// One job: group g has group_sizes[g] blocks whose first logical index is
+// block_indices[g]; block ids and chunk ids are concatenated by group. Borrowed arrays.
+struct PageJob {
+  const int64_t* block_ids = nullptr;
+  int64_t num_block_ids = 0;
+  const int64_t* chunk_ids = nullptr;
+  int64_t num_chunk_ids = 0;
+  const int64_t* group_sizes = nullptr;
+  const int64_t* block_indices = nullptr;
+  int64_t groups = 0;
+};
+
+// Chunks a group of `blocks` blocks whose first logical index is `first_index` touches.
+int64_t ChunksUsed(int64_t blocks, int64_t first_index, int64_t blocks_per_chunk);
+
+// Throws std::invalid_argument naming the group and index at fault: counts that do not
+// add up, ids out of range, an id used twice in a group.
+void ValidateJob(const PageLayout& layout, const PageJob& job);
+
+// The job's segments, in the order their bytes are staged; returns the job's units.
+// The job must have passed ValidateJob.
+int64_t BuildSegments(const PageLayout& layout, const PageJob& job, std::vector<Segment>& out);
+
+// Bytes in segments (the sum of their pages' bytes).
+int64_t SegmentBytes(const PageLayout& layout, const std::vector<Segment>& segments);
+
+// A slice of the job that fits one staging slot: units [first_unit, end_unit), which
+// are the job's bytes [first_byte, end_byte).
+struct PageSlice {
+  int64_t first_unit, end_unit;
+  int64_t first_byte, end_byte;
+};
+
+// Cuts the job into slices of at most slot_bytes (>= kPageUnitBytes), at unit edges.
+std::vector<PageSlice> CutSlices(const PageLayout& layout, const std::vector<Segment>& segments,
+                                 int64_t total_units, int64_t slot_bytes);
+
+// The host runs of a slice: run i is bytes [slot[i], slot[i] + size[i]) of the slot and
+// [host[i], host[i] + size[i]) of the host. Adjacent runs are merged.
+struct HostRuns {
+  std::vector<int64_t> host, slot, size;
+};
+void SliceHostRuns(const PageLayout& layout, const std::vector<Segment>& segments,
+                   const PageSlice& slice, HostRuns& out);
+
+// The reference: every unit's (GPU address, host address, bytes), in unit order.
+void UnitCopies(const PageLayout& layout, const int64_t* block_ids,
+                const std::vector<Segment>& segments, int64_t total_units,
+                std::vector<int64_t>& gpu, std::vector<int64_t>& host, std::vector<int64_t>& size);
+
+}  // namespace kvoffload
+
+#endif  // KVOFFLOAD_CC_PAGE_TABLE_H_

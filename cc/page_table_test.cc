@@ -1,0 +1,239 @@
+// Host logic of id-addressed transfers, against a per-block reference on random layouts.
+
+#include "cc/page_table.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace kvoffload {
+namespace {
+
+int failures = 0;
+
+#define EXPECT(cond)                                                 \
+  do {                                                               \
+    if (!(cond)) {                                                   \
+      std::fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                    \
+    }                                                                \
+  } while (0)
+
+struct RandomCase {
+  std::vector<TensorRef> refs;
+  std::vector<int64_t> group_refs, gpu_blocks, cpu_chunks;
+  int64_t bpc = 1;
+  std::vector<int64_t> block_ids, chunk_ids, group_sizes, block_indices;
+};
+
+// A layout of 1-3 groups (some empty), page sizes that may not be multiples of 16 and
+// may exceed a unit, chunk-major or per-tensor pools; and a job over it.
+RandomCase MakeCase(std::mt19937_64& rng) {
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  RandomCase c;
+  c.bpc = pick(1, 5);
+  const int64_t groups = pick(1, 3);
+  int64_t gpu_at = int64_t{1} << 40, cpu_at = int64_t{1} << 30;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t tensors = pick(0, 3), blocks = pick(0, 40), chunks = pick(1, 30);
+    const bool chunk_major = pick(0, 1) == 1;
+    std::vector<int64_t> pages;
+    for (int64_t t = 0; t < tensors; ++t) {
+      pages.push_back(pick(0, 3) == 0 ? pick(1, 3 * kPageUnitBytes) : 16 * pick(1, 300));
+    }
+    const int64_t chunk_bytes = c.bpc * std::accumulate(pages.begin(), pages.end(), int64_t{0});
+    int64_t offset = 0;
+    for (int64_t t = 0; t < tensors; ++t) {
+      const int64_t stride = pages[t] + 16 * pick(0, 4);
+      TensorRef r{gpu_at, stride, pages[t], 0, 0};
+      gpu_at += stride * blocks + 4096;
+      if (chunk_major) {
+        r.cpu_base = cpu_at + offset;
+        r.cpu_stride = chunk_bytes;
+        offset += c.bpc * pages[t];
+      } else {
+        r.cpu_base = cpu_at + offset;
+        r.cpu_stride = c.bpc * pages[t];
+        offset += chunks * c.bpc * pages[t];
+      }
+      c.refs.push_back(r);
+    }
+    cpu_at += chunks * chunk_bytes + 4096;
+    c.group_refs.push_back(tensors);
+    c.gpu_blocks.push_back(blocks);
+    c.cpu_chunks.push_back(chunks);
+    // The job: n distinct blocks, and the distinct chunks they need.
+    const int64_t first = pick(0, 50);
+    std::vector<int64_t> ids(blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    int64_t n = pick(0, blocks);
+    while (n > 0 && ChunksUsed(n, first, c.bpc) > chunks) --n;
+    std::vector<int64_t> chunk_ids(chunks);
+    std::iota(chunk_ids.begin(), chunk_ids.end(), 0);
+    std::shuffle(chunk_ids.begin(), chunk_ids.end(), rng);
+    c.block_ids.insert(c.block_ids.end(), ids.begin(), ids.begin() + n);
+    c.chunk_ids.insert(c.chunk_ids.end(), chunk_ids.begin(),
+                       chunk_ids.begin() + ChunksUsed(n, first, c.bpc));
+    c.group_sizes.push_back(n);
+    c.block_indices.push_back(first);
+  }
+  return c;
+}
+
+PageJob JobOf(const RandomCase& c) {
+  return PageJob{c.block_ids.data(),   static_cast<int64_t>(c.block_ids.size()),
+                 c.chunk_ids.data(),   static_cast<int64_t>(c.chunk_ids.size()),
+                 c.group_sizes.data(), c.block_indices.data(),
+                 static_cast<int64_t>(c.group_sizes.size())};
+}
+
+// Per block, per tensor: (gpu address, cpu address) -> page bytes, as the planner says.
+std::map<std::pair<int64_t, int64_t>, int64_t> ReferencePages(const RandomCase& c) {
+  std::map<std::pair<int64_t, int64_t>, int64_t> pages;
+  int64_t block_at = 0, chunk_at = 0, ref_at = 0;
+  for (size_t g = 0; g < c.group_sizes.size(); ++g) {
+    const int64_t skip = c.block_indices[g] % c.bpc;
+    for (int64_t i = 0; i < c.group_sizes[g]; ++i) {
+      const int64_t position = skip + i;
+      for (int64_t r = ref_at; r < ref_at + c.group_refs[g]; ++r) {
+        const TensorRef& t = c.refs[r];
+        const int64_t gpu = t.gpu_base + c.block_ids[block_at + i] * t.gpu_stride;
+        const int64_t cpu = t.cpu_base + c.chunk_ids[chunk_at + position / c.bpc] * t.cpu_stride +
+                            (position % c.bpc) * t.page_bytes;
+        pages[{gpu, cpu}] = t.page_bytes;
+      }
+    }
+    block_at += c.group_sizes[g];
+    chunk_at += ChunksUsed(c.group_sizes[g], c.block_indices[g], c.bpc);
+    ref_at += c.group_refs[g];
+  }
+  return pages;
+}
+
+void TestUnitsMatchReference(std::mt19937_64& rng) {
+  for (int trial = 0; trial < 300; ++trial) {
+    const RandomCase c = MakeCase(rng);
+    const PageLayout layout(c.refs, c.group_refs, c.gpu_blocks, c.cpu_chunks, c.bpc);
+    const PageJob job = JobOf(c);
+    ValidateJob(layout, job);
+    std::vector<Segment> segments;
+    const int64_t units = BuildSegments(layout, job, segments);
+    std::vector<int64_t> gpu, host, size;
+    UnitCopies(layout, c.block_ids.data(), segments, units, gpu, host, size);
+    std::vector<std::array<int64_t, 3>> got, want;
+    int64_t job_bytes = 0;
+    for (int64_t u = 0; u < units; ++u) {
+      got.push_back({gpu[u], host[u], size[u]});
+      job_bytes += size[u];
+    }
+    for (const auto& [addresses, bytes] : ReferencePages(c)) {
+      for (int64_t offset = 0; offset < bytes; offset += kPageUnitBytes) {
+        want.push_back({addresses.first + offset, addresses.second + offset,
+                        std::min(kPageUnitBytes, bytes - offset)});
+      }
+    }
+    std::sort(got.begin(), got.end());
+    std::sort(want.begin(), want.end());
+    EXPECT(got == want);
+    EXPECT(job_bytes == SegmentBytes(layout, segments));
+
+    // Slices cover the job in order, each fitting the slot, and their host runs cover
+    // exactly the job's host bytes.
+    const int64_t slot = kPageUnitBytes * (1 + rng() % 4) + 256 * (rng() % 3);
+    const std::vector<PageSlice> slices = CutSlices(layout, segments, units, slot);
+    int64_t unit = 0, byte = 0, run_bytes = 0;
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    for (const PageSlice& s : slices) {
+      EXPECT(s.first_unit == unit && s.first_byte == byte);
+      EXPECT(s.end_unit > s.first_unit && s.end_byte - s.first_byte <= slot);
+      unit = s.end_unit;
+      byte = s.end_byte;
+      HostRuns r;
+      SliceHostRuns(layout, segments, s, r);
+      int64_t slot_at = 0;
+      for (size_t i = 0; i < r.size.size(); ++i) {
+        EXPECT(r.slot[i] == slot_at);
+        slot_at += r.size[i];
+        runs.push_back({r.host[i], r.size[i]});
+        run_bytes += r.size[i];
+      }
+      EXPECT(slot_at == s.end_byte - s.first_byte);
+    }
+    EXPECT(unit == units && byte == job_bytes && run_bytes == job_bytes);
+    // Every unit's host bytes lie in the runs, at the slot offset of its job byte.
+    std::sort(runs.begin(), runs.end());
+    for (size_t i = 1; i < runs.size(); ++i) {
+      EXPECT(runs[i - 1].first + runs[i - 1].second <= runs[i].first);  // no byte twice
+    }
+  }
+}
+
+template <typename F>
+bool Rejects(F f, const std::string& needle) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    if (std::string(e.what()).find(needle) != std::string::npos) return true;
+    std::fprintf(stderr, "unexpected message: %s (wanted %s)\n", e.what(), needle.c_str());
+    return false;
+  }
+  return false;
+}
+
+void TestBadJobs() {
+  const std::vector<TensorRef> refs{{1 << 20, 4096, 4096, 1 << 30, 4 * 4096}};
+  const PageLayout layout(refs, {1}, {10}, {5}, 4);
+  std::vector<int64_t> blocks{1, 2, 3}, chunks{0}, sizes{3}, firsts{0};
+  auto job = [&] {
+    return PageJob{blocks.data(), static_cast<int64_t>(blocks.size()), chunks.data(),
+                   static_cast<int64_t>(chunks.size()), sizes.data(), firsts.data(), 1};
+  };
+  ValidateJob(layout, job());
+  blocks[1] = 10;
+  EXPECT(Rejects([&] { ValidateJob(layout, job()); }, "block_ids[1] = 10 is out of range"));
+  blocks[1] = 1;
+  EXPECT(Rejects([&] { ValidateJob(layout, job()); }, "block_ids[1] = 1 appears twice"));
+  blocks[1] = 2;
+  chunks[0] = -1;
+  EXPECT(Rejects([&] { ValidateJob(layout, job()); }, "chunk_ids[0] = -1 is out of range"));
+  chunks[0] = 0;
+  firsts[0] = 2;  // 3 blocks from sub-block 2 need two chunks
+  EXPECT(Rejects([&] { ValidateJob(layout, job()); }, "chunk_ids: has 1 ids but the groups use 2"));
+  firsts[0] = 0;
+  sizes[0] = 2;
+  EXPECT(Rejects([&] { ValidateJob(layout, job()); }, "group_sizes: add up to 2"));
+  // After every rejection the scratch marks are clear: a valid job passes again.
+  sizes[0] = 3;
+  ValidateJob(layout, job());
+  EXPECT(Rejects(
+      [] {
+        PageLayout({{1, 1 << 20, 8, 1, 8}}, {1}, {int64_t{1} << 62}, {1}, 1);
+      },
+      "runs past the end of the address space"));
+  EXPECT(Rejects([] { PageLayout({{1, 8, 8, 1, 8}}, {1}, {1}, {1}, 2); }, "cpu_stride"));
+}
+
+}  // namespace
+}  // namespace kvoffload
+
+int main() {
+  std::mt19937_64 rng(12345);
+  kvoffload::TestUnitsMatchReference(rng);
+  kvoffload::TestBadJobs();
+  if (kvoffload::failures) {
+    std::fprintf(stderr, "%d failures\n", kvoffload::failures);
+    return 1;
+  }
+  std::puts("page_table_test: all passed");
+  return 0;
+}

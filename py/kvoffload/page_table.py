@@ -1,0 +1,34 @@
+"""Jobs named by ids: a KVLayout as a kvoffload._C.PageTable.
+
+The table holds every tensor's geometry (GPU base, row stride and page bytes; CPU base
+and chunk stride). A job then passes only its GPU block ids, CPU chunk ids and each
+group's count and first logical index (GPUSpec, CPUSpec); the host checks the ids and
+cuts the job into segments (one tensor's pages in one chunk), and the GPU computes
+every page's addresses. ``table.copy(..., staged=True)`` moves host runs by DMA through
+a device staging ring and scatters (loads) or gathers (stores) the HBM side with a
+kernel; ``staged=False`` has the kernel read or write the page-locked pool directly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvoffload import _C
+from kvoffload.planner import CPUSpec, GPUSpec, KVLayout
+
+PageTable = _C.PageTable
+UNIT_BYTES = _C.PAGE_UNIT_BYTES
+
+
+def page_table(layout: KVLayout) -> PageTable:
+    """The layout's tensors as a PageTable (validated again there: no extent may wrap)."""
+    refs = np.array([[t.gpu_base, t.gpu_stride, t.page_bytes, t.cpu_base, t.cpu_stride]
+                     for group in layout.groups for t in group.tensors], dtype=np.int64).reshape(-1, 5)
+    return PageTable(refs, [len(g.tensors) for g in layout.groups],
+                     [g.num_gpu_blocks for g in layout.groups],
+                     [g.num_cpu_chunks for g in layout.groups], layout.blocks_per_chunk)
+
+
+def job_arguments(gpu: GPUSpec, cpu: CPUSpec) -> tuple:
+    """(block_ids, chunk_ids, group_sizes, block_indices), as the table's calls take them."""
+    return gpu.block_ids, cpu.chunk_ids, list(gpu.group_sizes), list(gpu.block_indices)

@@ -1,0 +1,169 @@
+"""Id-addressed page copies on the GPU (kvoffload.page_table): staged and direct, loads
+and stores, on random multi-group layouts, against the per-block model; every
+destination between canaries, outputs poisoned first."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import kvoffload as kv
+from canary import TorchGuardedBuffer
+from kv_model import POISON, KVModel
+from kvoffload.host_pool import kv_layout, pool_bytes
+from kvoffload.page_table import UNIT_BYTES, page_table
+from kvoffload.planner import chunks_used
+from scale import scaled
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+class Cache:
+    """GPU tensors [blocks, page + padding] of random bytes and a poisoned pinned pool,
+    each between canaries, with the model of what they must hold."""
+
+    def __init__(self, rng, pages, tensors, blocks, chunks, bpc, cpu_layout, padding):
+        self.pages, self.bpc, self.padding = pages, bpc, padding
+        self.gpu_buffers = [[TorchGuardedBuffer(torch, blocks * (p + padding), "device")
+                             for _ in range(n)] for p, n in zip(pages, tensors)]
+        self.gpu = [[b.tensor.view(blocks, p + padding) for b in group]
+                    for p, group in zip(pages, self.gpu_buffers)]
+        for group in self.gpu:
+            for t in group:
+                t.copy_(torch.from_numpy(rng.integers(0, 256, tuple(t.shape), dtype=np.uint8)))
+        self.rows = [[t.cpu().numpy().copy() for t in group] for group in self.gpu]
+        page_lists = [[p] * n for p, n in zip(pages, tensors)]
+        self.pool = TorchGuardedBuffer(torch, pool_bytes(page_lists, [chunks] * len(pages), bpc), "host")
+        self.pool.tensor.fill_(POISON)
+        self.layout = kv_layout(self.gpu, page_lists, [chunks] * len(pages), bpc,
+                                self.pool.tensor.data_ptr(), cpu_layout)
+        self.table = page_table(self.layout)
+        self.model = KVModel([[r[:, :p] for r in group] for p, group in zip(pages, self.rows)],
+                             [chunks] * len(pages), bpc)
+
+    def check(self):
+        torch.cuda.synchronize()
+        pool = self.pool.tensor.numpy()
+        for g, group in enumerate(self.layout.groups):
+            for t, tensor in enumerate(group.tensors):
+                view = np.lib.stride_tricks.as_strided(
+                    pool[tensor.cpu_base - self.pool.tensor.data_ptr():],
+                    shape=(group.num_cpu_chunks, self.bpc, tensor.page_bytes),
+                    strides=(tensor.cpu_stride, tensor.page_bytes, 1))
+                np.testing.assert_array_equal(view, self.model.cpu[g][t], f"cpu {g} {t}")
+                rows = self.gpu[g][t].cpu().numpy()
+                np.testing.assert_array_equal(rows[:, : self.pages[g]], self.model.gpu[g][t])
+                # Padding past the page is never written.
+                np.testing.assert_array_equal(rows[:, self.pages[g]:], self.rows[g][t][:, self.pages[g]:])
+        assert self.pool.canaries_intact()
+        assert all(b.canaries_intact() for group in self.gpu_buffers for b in group)
+
+
+def random_job(rng, cache, chunks):
+    """Random blocks of every group (none for a group without tensors), from a random
+    first logical index."""
+    sizes, firsts, ids, chunk_ids = [], [], [], []
+    for group in cache.layout.groups:
+        first = int(rng.integers(0, 2 * cache.bpc))
+        most = min(group.num_gpu_blocks, chunks * cache.bpc - first % cache.bpc)
+        n = int(rng.integers(0, most + 1))
+        sizes.append(n)
+        firsts.append(first)
+        ids.append(rng.permutation(group.num_gpu_blocks)[:n])
+        chunk_ids.append(rng.permutation(chunks)[: chunks_used(n, first, cache.bpc)])
+    return np.concatenate(ids).astype(np.int64), np.concatenate(chunk_ids).astype(np.int64), sizes, firsts
+
+
+@settings(max_examples=scaled(40), deadline=None)
+@given(seed=st.integers(0, 2**32 - 1),
+       pages=st.lists(st.sampled_from([16, 40, 4096, 4096 + 48, UNIT_BYTES + 16, 2 * UNIT_BYTES]),
+                      min_size=1, max_size=3),
+       bpc=st.integers(1, 4), cpu_layout=st.sampled_from(["chunk_major", "per_tensor"]),
+       padding=st.sampled_from([0, 16, 24]), staged=st.booleans(),
+       slot_bytes=st.sampled_from([UNIT_BYTES, 3 * UNIT_BYTES + 256, 64 << 20]),
+       slots=st.integers(2, 3), ctas=st.sampled_from([1, 4, 32]))
+def test_random_jobs_match_the_model(seed, pages, bpc, cpu_layout, padding, staged, slot_bytes,
+                                     slots, ctas):
+    rng = np.random.default_rng(seed)
+    tensors = [int(rng.integers(0, 4)) for _ in pages]
+    blocks, chunks = 24, 10
+    cache = Cache(rng, pages, tensors, blocks, chunks, bpc, cpu_layout, padding)
+    stream = torch.cuda.Stream()
+    for step in range(4):
+        ids, chunk_ids, sizes, firsts = random_job(rng, cache, chunks)
+        load = step % 2 == 1
+        result = cache.table.copy(ids, chunk_ids, sizes, firsts, load=load, stream=stream,
+                                  staged=staged, max_ctas=ctas, slot_bytes=slot_bytes, slots=slots)
+        getattr(cache.model, "load" if load else "store")(ids, sizes, firsts, chunk_ids)
+        expected = sum(p * n * k for p, n, k in zip(pages, sizes, tensors))
+        assert result.bytes == expected
+        cache.check()
+
+
+@pytest.mark.parametrize("staged", [True, False])
+def test_loads_and_stores_in_flight_at_once_on_disjoint_blocks(staged):
+    rng = np.random.default_rng(3)
+    cache = Cache(rng, [4096], [4], 256, 64, 4, "chunk_major", 0)
+    store_stream, load_stream = torch.cuda.Stream(), torch.cuda.Stream()
+    cache.table.copy(np.arange(0, 128), np.arange(0, 32), [128], [0], load=False,
+                     stream=store_stream, staged=staged, slot_bytes=UNIT_BYTES * 4)
+    torch.cuda.synchronize()
+    cache.model.store(np.arange(0, 128), [128], [0], np.arange(0, 32))
+    for _ in range(scaled(5)):
+        cache.table.copy(np.arange(128, 256), np.arange(32, 64), [128], [0], load=False,
+                         stream=store_stream, staged=staged, slot_bytes=UNIT_BYTES * 4)
+        cache.table.copy(np.arange(128)[::-1].copy(), np.arange(0, 32), [128], [0], load=True,
+                         stream=load_stream, staged=staged, slot_bytes=UNIT_BYTES * 4)
+    cache.model.store(np.arange(128, 256), [128], [0], np.arange(32, 64))
+    cache.model.load(np.arange(128)[::-1].copy(), [128], [0], np.arange(0, 32))
+    cache.check()
+
+
+def test_stream_order_a_load_after_a_store_reads_what_it_wrote():
+    rng = np.random.default_rng(4)
+    cache = Cache(rng, [8192], [2], 64, 16, 4, "per_tensor", 0)
+    stream = torch.cuda.Stream()
+    for _ in range(scaled(10)):
+        ids = rng.permutation(64)[:16]
+        chunks = rng.permutation(16)[:4]
+        cache.table.copy(ids, chunks, [16], [0], load=False, stream=stream, slot_bytes=UNIT_BYTES)
+        back = rng.permutation(64)[:16]
+        cache.table.copy(back, chunks, [16], [0], load=True, stream=stream, slot_bytes=UNIT_BYTES)
+        cache.model.store(ids, [16], [0], chunks)
+        cache.model.load(back, [16], [0], chunks)
+    cache.check()
+
+
+def test_bad_ids_enqueue_nothing():
+    rng = np.random.default_rng(5)
+    cache = Cache(rng, [4096], [2], 16, 8, 2, "chunk_major", 0)
+    stream = torch.cuda.Stream()
+    for ids, chunks, message in (([0, 16], [0], "out of range"), ([3, 3], [0], "appears twice"),
+                                 ([0, 1], [9], "out of range"), ([0, 1], [], "chunk_ids: has 0")):
+        with pytest.raises(ValueError, match=message):
+            cache.table.copy(ids, chunks, [2], [0], load=True, stream=stream)
+    cache.check()
+
+
+def test_pageable_pool_and_foreign_memory_are_refused():
+    gpu = torch.zeros(8, 4096, dtype=torch.uint8, device="cuda")
+    pageable = torch.zeros(8 * 4096, dtype=torch.uint8)
+    layout = kv_layout([[gpu]], [[4096]], [8], 1, pageable.data_ptr(), "chunk_major")
+    with pytest.raises(ValueError, match="cpu_base.*pageable"):
+        page_table(layout).copy([0], [0], [1], [0], load=True, stream=torch.cuda.Stream())
+    cpu = torch.zeros(8 * 4096, dtype=torch.uint8).pin_memory()
+    layout = kv_layout([[cpu.view(8, 4096)]], [[4096]], [8], 1, cpu.data_ptr(), "chunk_major")
+    with pytest.raises(ValueError, match="gpu_base"):
+        page_table(layout).copy([0], [0], [1], [0], load=True, stream=torch.cuda.Stream())
+
+
+def test_legacy_and_per_thread_streams():
+    rng = np.random.default_rng(6)
+    cache = Cache(rng, [4096], [1], 8, 8, 1, "chunk_major", 0)
+    for stream in (None, 2, torch.cuda.current_stream()):
+        ids = rng.permutation(8)[:4]
+        chunks = rng.permutation(8)[:4]
+        cache.table.copy(ids, chunks, [4], [0], load=False, stream=stream)
+        cache.model.store(ids, [4], [0], chunks)
+        cache.check()
+    assert kv.batch_entry_point_version() >= 0
