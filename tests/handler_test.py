@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import kvoffload.handler
+import kvoffload.pool_memory
 from kvoffload.handler import OffloadHandler
 from kvoffload.host_pool import cpu_tensor_layouts, pool_bytes
 from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
@@ -483,10 +484,7 @@ def test_constructor_errors_name_the_argument(kwargs, error, message):
 
 
 def test_a_host_pool_that_cannot_be_allocated_on_cpu_does_not_say_pinned(monkeypatch):
-    def no_memory(*args, **kwargs):
-        raise RuntimeError("out of memory")
-
-    monkeypatch.setattr(torch, "empty", no_memory)
-    with pytest.raises(RuntimeError, match=r"could not allocate 4096 bytes of host memory") as info:
+    monkeypatch.setattr(kvoffload.pool_memory, "mem_available", lambda: 1024)
+    with pytest.raises(RuntimeError, match=r"not enough memory: the pool needs") as info:
         OffloadHandler([[torch.zeros((8, 128), dtype=torch.uint8)]], 4, 2)
     assert "pinned" not in str(info.value)

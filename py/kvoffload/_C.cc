@@ -19,10 +19,12 @@
 #include "cc/copy_kernel.h"
 #include "cc/copy_path.h"
 #include "cc/cuda_error.h"
+#include "cc/first_touch.h"
 #include "cc/host_copy.h"
 #include "cc/host_memory.h"
 #include "cc/page_copy.h"
 #include "cc/page_table.h"
+#include "cc/pinned_pool.h"
 #include "cc/staged_copy.h"
 #include "cc/stream_device.h"
 
@@ -631,4 +633,47 @@ NB_MODULE(_C, m) {
           nb::arg("staged") = true, nb::arg("max_ctas") = 32,
           nb::arg("slot_bytes") = int64_t{64} << 20, nb::arg("slots") = 2);
   m.attr("PAGE_UNIT_BYTES") = kPageUnitBytes;
+
+  // The host pool (kvoffload.host_pool): first touch, NUMA placement, registration.
+  m.def(
+      "pool_touch",
+      [](int64_t address, int64_t bytes, nb::handle cpus, int threads) {
+        const Int64Array cpu_list(cpus, "cpus", 1);
+        std::vector<int> cpu_ids(cpu_list.data(), cpu_list.data() + cpu_list.size());
+        nb::gil_scoped_release release;
+        TouchPages(address, bytes, cpu_ids, threads);
+      },
+      nb::arg("address"), nb::arg("bytes"), nb::arg("cpus"), nb::arg("threads"));
+  m.def("pool_prefer_node", &PreferNumaNode, nb::arg("address"), nb::arg("bytes"),
+        nb::arg("node"));
+  m.def(
+      "pool_register",
+      [](int64_t address, int64_t bytes, int device) {
+        nb::gil_scoped_release release;
+        RegisterPoolPiece(address, bytes, device);
+      },
+      nb::arg("address"), nb::arg("bytes"), nb::arg("device"));
+  m.def(
+      "pool_unregister",
+      [](int64_t address, int device) {
+        nb::gil_scoped_release release;
+        UnregisterPoolPiece(address, device);
+      },
+      nb::arg("address"), nb::arg("device"));
+  m.def("pool_register_supported", &HostRegisterSupported, nb::arg("device"));
+  m.def("pool_numa_node", &HostNumaNode, nb::arg("device"));
+  m.def(
+      "pool_host_alloc",
+      [](int64_t bytes, int device) {
+        nb::gil_scoped_release release;
+        return PoolHostAlloc(bytes, device);
+      },
+      nb::arg("bytes"), nb::arg("device"));
+  m.def(
+      "pool_free_host",
+      [](int64_t address, int device) {
+        nb::gil_scoped_release release;
+        PoolFreeHost(address, device);
+      },
+      nb::arg("address"), nb::arg("device"));
 }

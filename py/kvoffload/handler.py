@@ -42,7 +42,7 @@ import numpy as np
 
 from kvoffload import auto
 from kvoffload.descriptor_pool import DescriptorPool
-from kvoffload.host_pool import HostPool, kv_layout, pool_bytes
+from kvoffload.host_pool import HostPool, PoolOptions, chunk_runs, chunks_reach, kv_layout, pool_bytes
 from kvoffload.page_table import job_arguments, page_table
 from kvoffload.ordering import MemoryKind, PendingWrites, safe_order
 from kvoffload.planner import CPUSpec, GPUSpec, _require_int, chunks_used, plan_transfer, tensor_pages
@@ -129,7 +129,9 @@ class OffloadHandler:
     a group's tensors share the block count. num_cpu_chunks: chunks per group (an int
     for all groups). page_bytes[g]: bytes moved per block of group g's tensors (default:
     the whole block). host_buffer: a CPU tensor to use (and page-lock) as the pool
-    instead of allocating one; ``pool_bytes`` says how large it must be. method: how
+    instead of allocating one; ``pool_bytes`` says how large it must be. host_pool: how
+    the pool is made and pinned otherwise (kvoffload.host_pool.PoolOptions: shared,
+    huge pages, in the background). method: how
     jobs copy on a GPU. "pages" (the default) and "pages_kernel" send each job as ids
     and compute its addresses on the GPU (kvoffload.page_table): "pages" moves host runs
     by DMA through a staging ring and scatters or gathers the HBM side with a kernel of
@@ -145,7 +147,8 @@ class OffloadHandler:
     def __init__(self, gpu_tensors: Sequence[Sequence], num_cpu_chunks: int | Sequence[int],
                  blocks_per_chunk: int, *, page_bytes: Sequence[int] | None = None,
                  cpu_layout: str = "chunk_major", host_buffer=None, expedited_loads: bool = False,
-                 method: str = "pages", sm_budget: int | None = None, page_ctas: int = 32):
+                 method: str = "pages", sm_budget: int | None = None, page_ctas: int = 32,
+                 host_pool: PoolOptions | None = None):
         import torch
 
         gpu_tensors = [list(group) for group in gpu_tensors]
@@ -176,8 +179,9 @@ class OffloadHandler:
             for i, t in enumerate(group):
                 if t.numel():
                     self.registry.register_tensor(f"gpu_tensors[{g}][{i}]", t)
-        self.pool = HostPool(torch, pool_bytes(pages, num_cpu_chunks, blocks_per_chunk),
-                             host_buffer, pinned=on_gpu)
+        self.pool = HostPool(pool_bytes(pages, num_cpu_chunks, blocks_per_chunk), buffer=host_buffer,
+                             pinned=on_gpu, device=device.index or 0, options=host_pool,
+                             chunk_runs=chunk_runs(pages, num_cpu_chunks, blocks_per_chunk, cpu_layout))
         try:
             shared = self.registry.overlapping(*tensor_span(self.pool.tensor))  # all of a host_buffer
             if shared:
@@ -250,8 +254,11 @@ class OffloadHandler:
                 nbytes = sum(n * t.page_bytes for n, group in zip(gpu.group_sizes, self.layout.groups)
                              for t in group.tensors)
             else:
-                plan = plan_transfer(self.layout, gpu, cpu)
+                plan = self.pool.split_plan(plan_transfer(self.layout, gpu, cpu))
                 nbytes = plan.total_bytes
+            used = [chunks_used(n, b, self.layout.blocks_per_chunk)
+                    for n, b in zip(gpu.group_sizes, gpu.block_indices)]
+            self.pool.require_pinned(chunks_reach(self.layout, cpu.chunk_ids, used), job_id)
             job = _Job(job_id, direction, "expedited" if expedite else direction.value, nbytes,
                        _keys(gpu.block_ids, gpu.group_sizes),
                        _sub_block_keys(gpu, cpu, self.layout.blocks_per_chunk))

@@ -9,21 +9,32 @@ Layouts (``cpu_layout``):
   * page]`` region.
 
 Groups follow each other, each starting on a 4 KiB boundary.
+
+``HostPool`` makes the pool's memory (kvoffload.pool_memory) and pins it: threads on
+the GPU's NUMA node's CPUs fault its pages in while a registrar page-locks it piece by
+piece behind them (pieces end only between chunks: kvoffload.pool_pieces), in the
+foreground or in the background (``ready()``, ``wait()``).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+import sys
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from typing import Hashable, Sequence
 
-from kvoffload import _C
-from kvoffload.planner import GroupLayout, KVLayout, TensorLayout
+import numpy as np
+
+from kvoffload import _C, numa
+from kvoffload.planner import GroupLayout, KVLayout, TensorLayout, TransferPlan
+from kvoffload.pool_memory import HUGE_PAGES, PinnedMemoryError, PoolMemory
+from kvoffload.pool_pieces import ChunkRun, piece_ends, split_at
 
 CPU_LAYOUTS = ("chunk_major", "per_tensor")
 _ALIGN = 4096
-
-
-class PinnedMemoryError(RuntimeError):
-    """Host memory could not be page-locked; transfers would be slow or unsafe."""
 
 
 def _align(n: int) -> int:
@@ -73,45 +84,346 @@ def kv_layout(gpu_tensors: Sequence[Sequence], pages: Sequence[Sequence[int]], n
     return KVLayout(tuple(groups), blocks_per_chunk)
 
 
-class HostPool:
-    """A host buffer of ``nbytes``: allocated pinned, or the caller's, page-locked here.
 
-    ``pinned=False`` (machines without a GPU) takes ordinary memory.
+
+def chunk_runs(pages: Sequence[Sequence[int]], num_chunks: Sequence[int], blocks_per_chunk: int,
+               cpu_layout: str) -> list[ChunkRun]:
+    """The byte runs of a pool ([group][tensor] pages) that only whole chunks (chunk_major)
+    or a tensor's whole chunk slots (per_tensor) may be cut from."""
+    runs = []
+    for layouts, chunks in zip(cpu_tensor_layouts(pages, num_chunks, blocks_per_chunk, 0, cpu_layout),
+                               num_chunks):
+        if cpu_layout == "chunk_major":
+            layouts = layouts[:1]
+        runs += [ChunkRun(start, stride, start + stride * chunks) for start, stride in layouts]
+    return runs
+
+
+def chunks_reach(layout: KVLayout, chunk_ids: np.ndarray, chunks_per_group: Sequence[int]) -> int:
+    """The address just past the furthest byte of a job's chunks (ids concatenated by
+    group, ``chunks_per_group[g]`` of group g) in the pool of ``layout``."""
+    reach, at = 0, 0
+    for group, n in zip(layout.groups, chunks_per_group):
+        if n and group.tensors:
+            last = int(np.max(chunk_ids[at:at + n]))
+            reach = max(reach, max(t.cpu_base + last * t.cpu_stride + layout.blocks_per_chunk * t.page_bytes
+                                   for t in group.tensors))
+        at += n
+    return reach
+
+
+class PoolNotReadyError(RuntimeError):
+    """A job needs chunks of a pool that are not pinned yet."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolOptions:
+    """How a HostPool is made and pinned.
+
+    shm_name: share the pool with other processes as this file under /dev/shm.
+    huge_pages: "off", "thp" or "hugetlb" (see kvoffload.pool_memory).
+    background: return at once and pin in a background thread.
+    wait_for_pinning: a job needing chunks not pinned yet waits for them (True) or
+    raises PoolNotReadyError (False).
+    threads: first-touch threads (None: one per CPU of the NUMA node).
+    numa_node: the node to place the pool on (None: the GPU's, where known).
+    piece_bytes: registration pieces are at most this large, where chunks allow.
+    progress_bytes: pools this large print their progress on stderr.
     """
 
-    def __init__(self, torch, nbytes: int, buffer=None, pinned: bool = True):
-        self._registered = False
-        self.nbytes = nbytes
-        if buffer is None:
-            self.tensor = self._allocate(torch, nbytes, pinned)
+    shm_name: str | None = None
+    huge_pages: str = "off"
+    background: bool = False
+    wait_for_pinning: bool = False
+    threads: int | None = None
+    numa_node: int | None = None
+    piece_bytes: int = 4 << 30
+    progress_bytes: int = 8 << 30
+
+    def __post_init__(self):
+        if self.huge_pages not in HUGE_PAGES:
+            raise ValueError(f"huge_pages: expected one of {HUGE_PAGES}, got {self.huge_pages!r}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ValueError(f"threads: expected None or an int >= 1, got {self.threads!r}")
+        if self.numa_node is not None and (not isinstance(self.numa_node, int) or self.numa_node < 0):
+            raise ValueError(f"numa_node: expected None or an int >= 0, got {self.numa_node!r}")
+        if not isinstance(self.piece_bytes, int) or self.piece_bytes < 4096:
+            raise ValueError(f"piece_bytes: expected an int >= 4096, got {self.piece_bytes!r}")
+
+
+class HostPool:
+    """``nbytes`` of host memory for a handler: made and pinned here (see PoolOptions),
+    or the caller's ``buffer`` (a contiguous CPU tensor), page-locked here if it is not.
+
+    pinned=False (machines without a GPU) maps and touches the memory but registers
+    nothing. device: the CUDA device whose NUMA node the pool goes on. chunk_runs: the
+    runs no registration may end inside (``chunk_runs()``). ``release()`` unregisters
+    and unmaps everything, also after a failure.
+    """
+
+    def __init__(self, nbytes: int, *, buffer=None, pinned: bool = True, device: int = 0,
+                 chunk_runs: Sequence[ChunkRun] = (), options: PoolOptions | None = None):
+        if not isinstance(nbytes, (int, np.integer)) or isinstance(nbytes, bool) or nbytes < 0:
+            raise ValueError(f"nbytes: expected an int >= 0, got {nbytes!r}")
+        self.nbytes = int(nbytes)
+        self.options = options if options is not None else PoolOptions()
+        self.device = device
+        self.pinned = pinned
+        self.memory: PoolMemory | None = None
+        self._buffer = None
+        self._tensor = None
+        self._registered: list[int] = []  # addresses of the registered pieces
+        self._edges = np.zeros(0, np.int64)  # addresses where one piece ends and the next begins
+        self._cond = threading.Condition()
+        self._pinned_bytes = 0
+        self._error: BaseException | None = None
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.seconds = 0.0  # spent pinning so far
+        self._printed = 0.0  # when progress was last printed
+        if buffer is not None:
+            self._adopt(buffer)
+        elif self.nbytes == 0:
+            self.base = 0
         else:
-            self.tensor = self._adopt(buffer, nbytes)
-            if pinned and not _C.is_pinned_host(buffer.data_ptr()):
-                try:
-                    _C.host_register(buffer.data_ptr(), buffer.numel() * buffer.element_size())
-                except _C.CudaError as e:
-                    raise PinnedMemoryError(f"host_buffer: could not page-lock {nbytes} bytes: {e}") from e
-                self._registered = True
-        self.base = self.tensor.data_ptr()
+            self._make(list(chunk_runs))
 
-    @staticmethod
-    def _allocate(torch, nbytes, pinned):
-        try:
-            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
-        except RuntimeError as e:
-            kind = "pinned host" if pinned else "host"
-            raise PinnedMemoryError(f"could not allocate {nbytes} bytes of {kind} memory: {e}") from e
+    # The pool's memory -------------------------------------------------------------------
 
-    @staticmethod
-    def _adopt(buffer, nbytes):
+    def _adopt(self, buffer) -> None:
         if buffer.device.type != "cpu" or not buffer.is_contiguous():
             raise ValueError("host_buffer: must be a contiguous CPU tensor")
-        if buffer.numel() * buffer.element_size() < nbytes:
-            raise ValueError(f"host_buffer: holds {buffer.numel() * buffer.element_size()} bytes, "
-                             f"the layout needs {nbytes}")
-        return buffer
+        held = buffer.numel() * buffer.element_size()
+        if held < self.nbytes:
+            raise ValueError(f"host_buffer: holds {held} bytes, the layout needs {self.nbytes}")
+        self._buffer = self._tensor = buffer
+        self.base = buffer.data_ptr()
+        if self.pinned and held and not _C.is_pinned_host(self.base):
+            try:
+                _C.host_register(self.base, held)
+            except _C.CudaError as e:
+                raise PinnedMemoryError(f"host_buffer: could not page-lock {held} bytes: {e}") from e
+            self._registered.append(self.base)
+        self._pinned_bytes = self.nbytes
+
+    def _make(self, runs: list[ChunkRun]) -> None:
+        opts = self.options
+        host_alloc = self.pinned and not _C.pool_register_supported(self.device)
+        if host_alloc:
+            warnings.warn(f"device {self.device} cannot register host memory (cudaHostRegister "
+                          "unsupported, as under confidential computing): allocating the pool with "
+                          "cudaHostAlloc, in the foreground, on no chosen NUMA node", RuntimeWarning,
+                          stacklevel=3)
+        self.memory = PoolMemory(self.nbytes, opts.shm_name, opts.huge_pages,
+                                 self.device if host_alloc else None)
+        self.base = self.memory.base
+        if host_alloc:
+            self._pinned_bytes = self.nbytes
+            return
+        try:
+            node = opts.numa_node
+            if node is None and self.pinned:
+                node = _C.pool_numa_node(self.device)
+            cpus, bind = numa.placement(node)
+            ends = piece_ends(self.memory.mapped_bytes, runs, opts.piece_bytes)
+            if self.pinned:
+                self._edges = self.base + np.array(ends[:-1], np.int64)
+        except BaseException:
+            self.memory.close()
+            raise
+        args = (ends, cpus, bind, opts.threads or len(cpus))
+        if opts.background:
+            self._thread = threading.Thread(target=self._pin, args=args + (False,),
+                                            name="kvoffload-host-pool", daemon=True)
+            self._thread.start()
+            return
+        try:
+            self._pin(*args, True)
+        except BaseException:
+            self.release()
+            raise
+
+    @property
+    def array(self) -> np.ndarray:
+        """The pool's bytes as a numpy array (uint8)."""
+        if self._buffer is not None:
+            return self._buffer.view(-1).view(self._torch().uint8).numpy()
+        return self.memory.array if self.memory is not None else np.zeros(0, np.uint8)
+
+    @property
+    def tensor(self):
+        """The pool's bytes as a torch tensor (uint8)."""
+        if self._tensor is None:
+            self._tensor = self._torch().from_numpy(self.array)
+        return self._tensor
+
+    @staticmethod
+    def _torch():
+        import torch
+
+        return torch
+
+    # Pinning --------------------------------------------------------------------------
+
+    def _pin(self, ends: list[int], cpus: list[int], bind: int | None, threads: int,
+             raise_errors: bool) -> None:
+        """Touches piece after piece while a registrar thread registers each touched one."""
+        start, memory, broken = time.monotonic(), self.memory, threading.Event()
+
+        def register(at: int, end: int) -> None:
+            if broken.is_set() or self._stop:
+                return  # pieces pin in order: none after a failed one
+            try:
+                self._register(at, end, start)
+            except BaseException:
+                broken.set()
+                raise
+
+        try:
+            if bind is not None:
+                _C.pool_prefer_node(self.base, memory.mapped_bytes, bind)
+            with ThreadPoolExecutor(1, thread_name_prefix="kvoffload-registrar") as registrar:
+                registered, at = [], 0
+                for end in ends:
+                    if self._stop or broken.is_set():
+                        break
+                    self._touch(at, end, cpus, threads)
+                    if self.pinned:
+                        registered.append(registrar.submit(register, at, end))
+                    else:
+                        self._advance(end, start)
+                    at = end
+            for future in registered:
+                future.result()
+        except BaseException as e:
+            error = e if isinstance(e, PinnedMemoryError) else PinnedMemoryError(
+                f"pinning the host pool failed: {e!r}")
+            if error is not e:
+                error.__cause__ = e
+            with self._cond:
+                self._error = error
+                self._cond.notify_all()
+            if raise_errors:
+                raise
+
+    def _touch(self, at: int, end: int, cpus: list[int], threads: int) -> None:
+        try:
+            _C.pool_touch(self.base + at, end - at, cpus, threads)
+        except RuntimeError as e:
+            shared = self.memory.shared_file
+            where = f" ({shared.path}: is its filesystem full?)" if shared is not None else ""
+            raise PinnedMemoryError(f"could not allocate the host pool's memory{where}: {e}") from e
+
+    def _register(self, at: int, end: int, start: float) -> None:
+        try:
+            _C.pool_register(self.base + at, end - at, self.device)
+        except _C.CudaError as e:
+            raise PinnedMemoryError(f"could not page-lock bytes [{at}, {end}) of the "
+                                    f"{self.nbytes}-byte host pool: {e}{_memlock_hint(self.nbytes)}") from e
+        with self._cond:
+            self._registered.append(self.base + at)
+        self._advance(end, start)
+
+    def _advance(self, end: int, start: float) -> None:
+        with self._cond:
+            self._pinned_bytes = min(end, self.nbytes)
+            self.seconds = time.monotonic() - start
+            last = self._pinned_bytes >= self.nbytes
+            if self.nbytes >= self.options.progress_bytes and (last or self.seconds >= self._printed + 1):
+                self._printed = self.seconds
+                done = "pinned" if self.pinned else "touched"
+                print(f"kvoffload: host pool {done} {self._pinned_bytes / 2**30:.1f} of "
+                      f"{self.nbytes / 2**30:.1f} GiB in {self.seconds:.1f} s", file=sys.stderr, flush=True)
+            self._cond.notify_all()
+
+    @property
+    def pinned_bytes(self) -> int:
+        """How many bytes from the start of the pool are pinned (touched without a GPU)."""
+        return self._pinned_bytes
+
+    def ready(self) -> bool:
+        """Whether the whole pool is pinned. Raises PinnedMemoryError if pinning failed."""
+        self._raise_error()
+        return self._pinned_bytes >= self.nbytes
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until the pool is pinned (True) or ``timeout`` seconds pass (False).
+        Raises PinnedMemoryError if pinning failed."""
+        return self._wait_for(self.nbytes, timeout)
+
+    def _wait_for(self, nbytes: int, timeout: float | None = None) -> bool:
+        with self._cond:
+            done = self._cond.wait_for(lambda: self._pinned_bytes >= nbytes or self._error is not None
+                                       or self._stop, timeout)
+        self._raise_error()
+        return done and self._pinned_bytes >= nbytes
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise PinnedMemoryError(str(self._error)) from self._error
+
+    def require_pinned(self, reach: int, job_id: Hashable) -> None:
+        """Returns once the pool is pinned up to address ``reach`` (a job's furthest byte,
+        ``chunks_reach()``): at once if it is, after waiting for it with
+        ``wait_for_pinning``, else raises PoolNotReadyError."""
+        reach -= self.base
+        if reach <= self._pinned_bytes:
+            return
+        if not self.options.wait_for_pinning:
+            self._raise_error()
+            raise PoolNotReadyError(
+                f"job {job_id!r}: needs bytes of the host pool up to {reach}, but only "
+                f"{self._pinned_bytes} of {self.nbytes} are pinned yet; wait for pool.wait(), "
+                "or make the pool with PoolOptions(wait_for_pinning=True)")
+        if not self._wait_for(reach):
+            raise PoolNotReadyError(f"job {job_id!r}: the host pool was released")
+
+    def split_plan(self, plan: TransferPlan) -> TransferPlan:
+        """``plan`` with its copies cut where two of the pool's registrations meet."""
+        cpu, gpu, sizes = split_at(self._edges, plan.cpu, plan.gpu, plan.sizes)
+        if cpu is plan.cpu:
+            return plan
+        return dataclasses.replace(plan, gpu=gpu, cpu=cpu, sizes=sizes)
+
+    # Release ---------------------------------------------------------------------------
 
     def release(self) -> None:
-        if self._registered:
-            _C.host_unregister(self.base)
-            self._registered = False
+        """Stops pinning, unregisters every piece and unmaps (or frees) the memory, which
+        goes now or, if views of it are still alive, with the last of them. Idempotent."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        failures = []
+        for address in self._registered:
+            try:
+                if self._buffer is not None:
+                    _C.host_unregister(address)
+                else:
+                    _C.pool_unregister(address, self.device)
+            except _C.CudaError as e:
+                failures.append(e)
+        self._registered = []
+        self._tensor = self._buffer = None
+        if self.memory is not None:
+            self.memory.close()
+        if failures:
+            raise PinnedMemoryError(f"release: {len(failures)} pieces of the host pool could not "
+                                    f"be unregistered: {failures[0]}") from failures[0]
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - nothing can be reported from a finalizer
+            pass
+
+
+def _memlock_hint(nbytes: int) -> str:
+    """Names RLIMIT_MEMLOCK when it is below the pool's size."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY or soft >= nbytes:
+        return ""
+    return f" (RLIMIT_MEMLOCK is {soft} bytes, below the pool's {nbytes}: raise it, e.g. ulimit -l unlimited)"
