@@ -108,7 +108,8 @@ _EXTENSION_LDS = Label("//third_party:python_extension.lds")
 def nanobind_extension(name, srcs, deps = [], **kwargs):
     """A Python extension module `name` (e.g. "_C"): a shared library exporting only PyInit_.
 
-    The file is name + ".abi3.so" for Python 3.12+ (stable ABI), else name + ".so";
+    The file is name + ".abi3.so" for Python 3.12+ (stable ABI), else name + the
+    interpreter's EXT_SUFFIX (".cpython-311-x86_64-linux-gnu.so"), which no other Python loads;
     the target `name` stands for it either way.
     """
     native.filegroup(name = name, srcs = [name + PYTHON_EXTENSION_SUFFIX])
@@ -123,7 +124,7 @@ def nanobind_extension(name, srcs, deps = [], **kwargs):
         **kwargs
     )
 
-def kvoffload_py_test(name, srcs, deps = [], tags = [], size = "small", **kwargs):
+def kvoffload_py_test(name, srcs, deps = [], tags = [], size = "small", env = {}, **kwargs):
     """A pytest file run through the shared runner on the configured interpreter."""
     runner = Label("//third_party:pytest_main.py")
     native.py_test(
@@ -132,7 +133,7 @@ def kvoffload_py_test(name, srcs, deps = [], tags = [], size = "small", **kwargs
         main = runner,
         args = ["$(location {})".format(s) for s in srcs],
         python_version = "PY3",
-        env = {"PYTHONSAFEPATH": "1"},
+        env = dict(env, PYTHONSAFEPATH = "1"),
         # An __init__.py in py/ would make it a package that shadows pytest's `py`.
         legacy_create_init = False,
         size = size,

@@ -4,10 +4,16 @@ load("@bazel_tools//tools/build_defs/repo:utils.bzl", "maybe")
 load("//third_party/cuda:cuda_configure.bzl", "cuda_configure")
 load("//third_party/python:python_configure.bzl", "python_configure")
 load("//third_party/stubs:stub_repository.bzl", "CC_RULES", "JAVA_RULES", "stub_repository")
+load("//third_party/wheel:version_repository.bzl", "version_repository")
 
 def kvoffload_deps():
     maybe(stub_repository, name = "rules_cc", package = "cc", rules = CC_RULES)
     maybe(stub_repository, name = "rules_java", package = "java", rules = JAVA_RULES)
     maybe(python_configure, name = "kvoffload_python")
     maybe(cuda_configure, name = "kvoffload_cuda")
+    maybe(
+        version_repository,
+        name = "kvoffload_version",
+        version_file = Label("//py/kvoffload:__init__.py"),
+    )
     native.register_toolchains("@kvoffload_python//:python_toolchain")

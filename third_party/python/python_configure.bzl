@@ -1,7 +1,8 @@
 """Finds the local Python and nanobind (the TensorFlow *_configure pattern).
 
 Interpreter: $PYTHON_BIN_PATH (a path, or a name looked up on PATH), else python3.
-Python 3.12+ builds the stable-ABI extension (_C.abi3.so).
+Python 3.12+ builds the stable-ABI extension (_C.abi3.so, wheel tag cp312-abi3); older
+ones an extension for that version only (_C.cpython-311-....so, tag cp311-cp311).
 """
 
 _PROBE = """
@@ -15,11 +16,13 @@ print(json.dumps({
     "executable": sys.executable,
     "version": list(sys.version_info[:2]),
     "include": sysconfig.get_paths()["include"],
+    "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
     "nanobind": nb,
 }))
 """
 
 _STABLE_ABI_MIN = [3, 12]
+_STABLE_ABI_TAG = "cp312-abi3"
 
 def _fail(msg):
     fail("kvoffload python_configure: " + msg)
@@ -48,6 +51,11 @@ def _python_configure_impl(ctx):
             info["executable"],
         ))
     stable_abi = info["version"] >= _STABLE_ABI_MIN
+    if stable_abi:
+        extension_suffix, wheel_tag = ".abi3.so", _STABLE_ABI_TAG
+    else:
+        cp = "cp{}{}".format(*info["version"])
+        extension_suffix, wheel_tag = info["ext_suffix"], cp + "-" + cp
     ctx.symlink(info["include"], "include")
     ctx.symlink(info["nanobind"], "nanobind")
     ctx.template("BUILD.bazel", ctx.attr._build_tpl, {
@@ -58,7 +66,8 @@ def _python_configure_impl(ctx):
     ctx.file("defs.bzl", "\n".join([
         '"""What the local Python toolchain was configured with."""',
         "PYTHON_VERSION = {}".format(repr("{}.{}".format(*info["version"]))),
-        "PYTHON_EXTENSION_SUFFIX = {}".format(repr(".abi3.so" if stable_abi else ".so")),
+        "PYTHON_EXTENSION_SUFFIX = {}".format(repr(extension_suffix)),
+        "PYTHON_WHEEL_TAG = {}".format(repr(wheel_tag)),
         "",
     ]))
 
