@@ -1,6 +1,7 @@
 """The macros and rules every kvoffload BUILD file loads."""
 
 load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
+load("@kvoffload_cuda//:defs.bzl", "CUDA_GENCODE")
 load("@kvoffload_python//:defs.bzl", "PYTHON_EXTENSION_SUFFIX")
 
 COPTS = [
@@ -8,9 +9,6 @@ COPTS = [
     "-O2",
     "-Wall",
 ]
-
-# Hopper machine code, plus PTX that newer GPUs compile at load time.
-CUDA_GENCODE = ["--generate-code=arch=compute_90,code=[sm_90,compute_90]"]
 
 def _include_flags(compilation_context):
     flags = []
@@ -88,7 +86,7 @@ def _cuda_library_impl(ctx):
     ]
 
 cuda_library = rule(
-    doc = "Compiles .cu files with the local nvcc into a library that cc_* targets depend on.",
+    doc = "Compiles .cu files with @kvoffload_cuda's nvcc into a library that cc_* targets depend on.",
     implementation = _cuda_library_impl,
     attrs = {
         "srcs": attr.label_list(allow_files = [".cu"]),
@@ -120,7 +118,7 @@ def nanobind_extension(name, srcs, deps = [], **kwargs):
         linkshared = True,
         linkopts = ["-Wl,--version-script=$(location {})".format(_EXTENSION_LDS)],
         additional_linker_inputs = [_EXTENSION_LDS],
-        deps = deps + ["@kvoffload_python//:nanobind"],
+        deps = deps + ["@kvoffload_nanobind//:nanobind"],
         **kwargs
     )
 

@@ -13,9 +13,9 @@ if ! "$python312" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/nul
   echo "stage_gpu_bundle.sh: set PYTHON312 to a Python 3.12+ interpreter" >&2
   exit 1
 fi
-# What building the wheel and checking its contents needs (not torch: the GPU host runs
-# the suite against the installed wheel).
-"$python312" -m pip install -q $(grep -E '^(nanobind|pytest|auditwheel)==' requirements.txt)
+# What checking the wheel's contents needs (not torch: the GPU host runs the suite
+# against the installed wheel).
+"$python312" -m pip install -q $(grep -E '^(pytest|auditwheel)==' requirements.txt)
 
 abi3=(--config=abi3 --repo_env=PYTHON_BIN_PATH="$python312")
 bazel test "${abi3[@]}" //tests:wheel_test --test_arg=-k --test_arg='not installed'
