@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fails unless the extension and the CUDA libraries build with the hermetic toolkit:
 # @kvoffload_cuda holds the pinned wheels' files (no link out of the build), nvcc comes
-# from there, and no compile or link action names a path into /usr/local/cuda or
-# $CUDA_PATH.
+# from there, and no compile or link action names a path into /usr/local/cuda,
+# $CUDA_PATH or an installed nanobind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,9 +20,9 @@ actions="$(bazel aquery --output=text \
 nvcc_actions=$(grep -c '^action .Compiling CUDA' <<<"$actions" || true)
 [[ $nvcc_actions -gt 0 ]] || fail "aquery found no CUDA compile actions"
 grep -q 'external/kvoffload_cuda/cuda/bin/nvcc' <<<"$actions" || fail "nvcc is not @kvoffload_cuda's"
-for system in /usr/local/cuda ${CUDA_PATH:+"$CUDA_PATH"}; do
+for system in /usr/local/cuda ${CUDA_PATH:+"$CUDA_PATH"} site-packages/nanobind; do
   if grep -n -- "$system" <<<"$actions" | head -n 3; then
     fail "an action names $system"
   fi
 done
-echo "hermetic: $nvcc_actions CUDA compiles and every C++ compile and link use no system toolkit"
+echo "hermetic: $nvcc_actions CUDA compiles, and no compile or link reads a system CUDA or nanobind"
