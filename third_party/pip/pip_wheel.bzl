@@ -12,11 +12,11 @@ def find_python(ctx):
     if "/" in name:
         path = ctx.path(name)
         if not path.exists:
-            fail("PYTHON_BIN_PATH={} does not exist".format(name))
+            fail("kvoffload: PYTHON_BIN_PATH={} does not exist".format(name))
         return path
     path = ctx.which(name)
     if path == None:
-        fail("no '{}' on PATH; install Python 3 or set PYTHON_BIN_PATH".format(name))
+        fail("kvoffload: no '{}' on PATH; install Python 3 or set PYTHON_BIN_PATH".format(name))
     return path
 
 def _normalized(package):
@@ -33,7 +33,11 @@ def fetch_wheel(ctx, python, package, version, sha256, output, strip_prefix = ""
     if result.return_code != 0:
         fail("pip could not download {}:\n{}".format(pin, result.stderr))
     prefix = "{}-{}-".format(_normalized(package), version)
-    wheels = [f for f in ctx.path(dest).readdir() if f.basename.lower().startswith(prefix) and f.basename.endswith(".whl")]
+    wheels = [
+        f
+        for f in ctx.path(dest).readdir()
+        if f.basename.lower().startswith(prefix) and f.basename.endswith(".whl")
+    ]
     if len(wheels) != 1:
         fail("pip download of {} left {} wheels in {}".format(pin, len(wheels), dest))
     got = ctx.execute([python, "-c", _HASH, str(wheels[0])]).stdout.strip()
