@@ -1,6 +1,7 @@
 """The macros and rules every kvoffload BUILD file loads."""
 
 load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
+load("@kvoffload_cuda//:defs.bzl", "CUDA_GENCODE")
 load("@kvoffload_python//:defs.bzl", "PYTHON_EXTENSION_SUFFIX")
 
 COPTS = [
@@ -8,9 +9,6 @@ COPTS = [
     "-O2",
     "-Wall",
 ]
-
-# Hopper machine code, plus PTX that newer GPUs compile at load time.
-CUDA_GENCODE = ["--generate-code=arch=compute_90,code=[sm_90,compute_90]"]
 
 def _include_flags(compilation_context):
     flags = []
@@ -88,7 +86,7 @@ def _cuda_library_impl(ctx):
     ]
 
 cuda_library = rule(
-    doc = "Compiles .cu files with the local nvcc into a library that cc_* targets depend on.",
+    doc = "Compiles .cu files with @kvoffload_cuda's nvcc into a library that cc_* targets depend on.",
     implementation = _cuda_library_impl,
     attrs = {
         "srcs": attr.label_list(allow_files = [".cu"]),
@@ -108,7 +106,8 @@ _EXTENSION_LDS = Label("//third_party:python_extension.lds")
 def nanobind_extension(name, srcs, deps = [], **kwargs):
     """A Python extension module `name` (e.g. "_C"): a shared library exporting only PyInit_.
 
-    The file is name + ".abi3.so" for Python 3.12+ (stable ABI), else name + ".so";
+    The file is name + ".abi3.so" for Python 3.12+ (stable ABI), else name + the
+    interpreter's EXT_SUFFIX (".cpython-311-x86_64-linux-gnu.so"), which no other Python loads;
     the target `name` stands for it either way.
     """
     native.filegroup(name = name, srcs = [name + PYTHON_EXTENSION_SUFFIX])
@@ -119,11 +118,11 @@ def nanobind_extension(name, srcs, deps = [], **kwargs):
         linkshared = True,
         linkopts = ["-Wl,--version-script=$(location {})".format(_EXTENSION_LDS)],
         additional_linker_inputs = [_EXTENSION_LDS],
-        deps = deps + ["@kvoffload_python//:nanobind"],
+        deps = deps + ["@kvoffload_nanobind//:nanobind"],
         **kwargs
     )
 
-def kvoffload_py_test(name, srcs, deps = [], tags = [], size = "small", **kwargs):
+def kvoffload_py_test(name, srcs, deps = [], tags = [], size = "small", env = {}, **kwargs):
     """A pytest file run through the shared runner on the configured interpreter."""
     runner = Label("//third_party:pytest_main.py")
     native.py_test(
@@ -132,7 +131,7 @@ def kvoffload_py_test(name, srcs, deps = [], tags = [], size = "small", **kwargs
         main = runner,
         args = ["$(location {})".format(s) for s in srcs],
         python_version = "PY3",
-        env = {"PYTHONSAFEPATH": "1"},
+        env = dict(env, PYTHONSAFEPATH = "1"),
         # An __init__.py in py/ would make it a package that shadows pytest's `py`.
         legacy_create_init = False,
         size = size,

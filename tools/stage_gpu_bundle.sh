@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Stages gpu_bundle/ for a GPU host that has Python 3.12+ but no Bazel: the package
-# with its stable-ABI extension (_C.abi3.so), the tests and the benchmarks.
-#   tools/stage_gpu_bundle.sh            # here
-#   cd gpu_bundle && python3 -m pytest -q tests && python3 bench/batch_copy.py   # there
+# Stages gpu_bundle/ for a GPU host that has Python 3.12+ but no Bazel: the cp312-abi3
+# wheel, the tests and the benchmarks. The tests there import the installed wheel.
+#   tools/stage_gpu_bundle.sh                                              # here
+#   python3 -m pip install --no-deps --target /tmp/site gpu_bundle/kvoffload-*.whl   # there
+#   cd gpu_bundle && PYTHONPATH=/tmp/site python3 -m pytest -q tests
 # PYTHON312 names the Python 3.12+ to build for; default: pyenv's 3.12.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,17 +13,24 @@ if ! "$python312" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/nul
   echo "stage_gpu_bundle.sh: set PYTHON312 to a Python 3.12+ interpreter" >&2
   exit 1
 fi
-"$python312" -m pip install -q "$(grep '^nanobind==' requirements.txt)"
+# What checking the wheel's contents needs (not torch: the GPU host runs the suite
+# against the installed wheel).
+"$python312" -m pip install -q $(grep -E '^(pytest|auditwheel)==' requirements.txt)
 
-bazel build --config=abi3 --repo_env=PYTHON_BIN_PATH="$python312" //py/kvoffload:_C
+abi3=(--config=abi3 --repo_env=PYTHON_BIN_PATH="$python312")
+bazel test "${abi3[@]}" //tests:wheel_test --test_arg=-k --test_arg='not installed'
+wheel="$(bazel cquery "${abi3[@]}" //:wheel --output=starlark \
+  --starlark:expr='target.files.to_list()[0].path' 2>/dev/null)"
+case "$wheel" in
+  *-cp312-abi3-*.whl) ;;
+  *) echo "stage_gpu_bundle.sh: expected a cp312-abi3 wheel, got '$wheel'" >&2; exit 1 ;;
+esac
 
 rm -rf gpu_bundle
-mkdir -p gpu_bundle/tests gpu_bundle/bench
-cp -r py/kvoffload gpu_bundle/kvoffload
-rm -f gpu_bundle/kvoffload/BUILD.bazel gpu_bundle/kvoffload/*.cc
-cp bazel-bin/py/kvoffload/_C.abi3.so gpu_bundle/kvoffload/
+mkdir -p gpu_bundle/tests gpu_bundle/bench/results gpu_bundle/tools
+install -m 644 "$wheel" gpu_bundle/
 cp tests/*.py gpu_bundle/tests/
+rm gpu_bundle/tests/wheel_test.py   # needs Bazel; the bundle's suite runs on the wheel itself
 cp bench/*.py gpu_bundle/bench/
-mkdir -p gpu_bundle/tools && cp tools/sanitize_gpu_tests.sh gpu_bundle/tools/
-mkdir -p gpu_bundle/bench/results
-echo "staged $(du -sh gpu_bundle | cut -f1) in gpu_bundle/"
+cp tools/sanitize_gpu_tests.sh gpu_bundle/tools/
+echo "staged $(du -sh gpu_bundle | cut -f1) in gpu_bundle/: $(basename "$wheel"), tests, bench"

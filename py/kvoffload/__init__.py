@@ -1,5 +1,8 @@
 """kvoffload: moves LLM KV-cache blocks between GPU memory and host memory."""
 
+# The one definition of the version; the wheel's name and METADATA read it from here.
+__version__ = "0.1.0"
+
 from kvoffload.batch_copy import (
     HOST_THREADING_BYTES,
     CopyResult,

@@ -1,55 +1,41 @@
-"""Finds the local Python and nanobind (the TensorFlow *_configure pattern).
+"""Finds the local Python (the TensorFlow *_configure pattern).
 
 Interpreter: $PYTHON_BIN_PATH (a path, or a name looked up on PATH), else python3.
-Python 3.12+ builds the stable-ABI extension (_C.abi3.so).
+Python 3.12+ builds the stable-ABI extension (_C.abi3.so, wheel tag cp312-abi3); older
+ones an extension for that version only (_C.cpython-311-....so, tag cp311-cp311).
 """
 
+load("//third_party/pip:pip_wheel.bzl", "find_python")
+
 _PROBE = """
-import json, os, sys, sysconfig
-try:
-    import nanobind
-    nb = os.path.dirname(nanobind.__file__)
-except ImportError:
-    nb = ""
+import json, sys, sysconfig
 print(json.dumps({
     "executable": sys.executable,
     "version": list(sys.version_info[:2]),
     "include": sysconfig.get_paths()["include"],
-    "nanobind": nb,
+    "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
 }))
 """
 
 _STABLE_ABI_MIN = [3, 12]
+_STABLE_ABI_TAG = "cp312-abi3"
 
 def _fail(msg):
     fail("kvoffload python_configure: " + msg)
 
-def _find_interpreter(ctx):
-    name = ctx.os.environ.get("PYTHON_BIN_PATH", "python3")
-    if "/" in name:
-        path = ctx.path(name)
-        if not path.exists:
-            _fail("PYTHON_BIN_PATH={} does not exist".format(name))
-        return path
-    path = ctx.which(name)
-    if path == None:
-        _fail("no '{}' on PATH; install Python 3 or set PYTHON_BIN_PATH".format(name))
-    return path
-
 def _python_configure_impl(ctx):
-    interpreter = _find_interpreter(ctx)
+    interpreter = find_python(ctx)
     result = ctx.execute([interpreter, "-c", _PROBE])
     if result.return_code != 0:
         _fail("running {} failed: {}".format(interpreter, result.stderr))
     info = json.decode(result.stdout.strip())
-    if not info["nanobind"]:
-        _fail("nanobind is not installed for {}; run `{} -m pip install -r requirements.txt`".format(
-            info["executable"],
-            info["executable"],
-        ))
     stable_abi = info["version"] >= _STABLE_ABI_MIN
+    if stable_abi:
+        extension_suffix, wheel_tag = ".abi3.so", _STABLE_ABI_TAG
+    else:
+        cp = "cp{}{}".format(*info["version"])
+        extension_suffix, wheel_tag = info["ext_suffix"], cp + "-" + cp
     ctx.symlink(info["include"], "include")
-    ctx.symlink(info["nanobind"], "nanobind")
     ctx.template("BUILD.bazel", ctx.attr._build_tpl, {
         "%{interpreter}": info["executable"],
         "%{python_version}": "PY3",
@@ -58,7 +44,8 @@ def _python_configure_impl(ctx):
     ctx.file("defs.bzl", "\n".join([
         '"""What the local Python toolchain was configured with."""',
         "PYTHON_VERSION = {}".format(repr("{}.{}".format(*info["version"]))),
-        "PYTHON_EXTENSION_SUFFIX = {}".format(repr(".abi3.so" if stable_abi else ".so")),
+        "PYTHON_EXTENSION_SUFFIX = {}".format(repr(extension_suffix)),
+        "PYTHON_WHEEL_TAG = {}".format(repr(wheel_tag)),
         "",
     ]))
 
