@@ -1,8 +1,8 @@
 #include "cc/host_copy.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -38,27 +38,18 @@ int ThreadCount(int64_t total_bytes, int max_threads) {
 }
 
 // Lets workers copy only once every one of them has started: a thread that fails to
-// start then leaves nothing half-copied.
+// start then leaves nothing half-copied. A future rather than a condition variable:
+// std::condition_variable::wait is a GCC 12 libstdc++ symbol (GLIBCXX_3.4.30), which
+// would lift the extension's manylinux tag to 2_35.
 class StartGate {
  public:
   // Blocks until Open(go); returns go.
-  bool Wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    opened_.wait(lock, [this] { return state_ != kClosed; });
-    return state_ == kGo;
-  }
-  void Open(bool go) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      state_ = go ? kGo : kAbort;
-    }
-    opened_.notify_all();
-  }
+  bool Wait() { return opened_.get(); }
+  void Open(bool go) { decision_.set_value(go); }
 
  private:
-  enum { kClosed, kGo, kAbort } state_ = kClosed;
-  std::mutex mutex_;
-  std::condition_variable opened_;
+  std::promise<bool> decision_;
+  std::shared_future<bool> opened_ = decision_.get_future().share();
 };
 
 }  // namespace
