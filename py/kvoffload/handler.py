@@ -33,7 +33,7 @@ import numpy as np
 
 from kvoffload import auto
 from kvoffload.descriptor_pool import DescriptorPool
-from kvoffload.host_pool import HostPool, kv_layout, pool_bytes
+from kvoffload.host_pool import HostPool, kv_layout, pool_bytes, tensor_owners
 from kvoffload.ordering import MemoryKind, PendingWrites, safe_order
 from kvoffload.planner import CPUSpec, GPUSpec, block_bytes, chunks_used, plan_transfer
 from kvoffload.registry import MemoryRegistry
@@ -79,8 +79,9 @@ class _Job:
         return bool(shared_cpu if self.direction is Direction.STORE else shared_gpu)
 
 
-def _keys(ids: np.ndarray, counts: Sequence[int]) -> np.ndarray:
-    groups = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+def _keys(ids: np.ndarray, counts: Sequence[int], alias: Sequence[int]) -> np.ndarray:
+    """(group << 40) | id, where groups that share tensors count as one group."""
+    groups = np.repeat(np.asarray(alias, dtype=np.int64), counts)
     return (groups << 40) | ids
 
 
@@ -88,9 +89,10 @@ class OffloadHandler:
     """Runs store and load jobs between GPU KV-cache tensors and a CPU pool.
 
     gpu_tensors[g][t]: tensor t of group g, blocks along dim 0, each block contiguous;
-    a group's tensors share the block count. num_cpu_chunks: chunks per group (an int
-    for all groups). page_bytes[g]: bytes moved per block of group g's tensors (default:
-    the whole block). host_buffer: a CPU tensor to use (and page-lock) as the pool
+    a group's tensors share the block count; one tensor may appear in several groups
+    (hybrid models), which then share its blocks and its CPU region. num_cpu_chunks:
+    chunks per group (an int for all groups). page_bytes[g]: bytes moved per block of
+    group g's tensors, an int or one per tensor (default: the whole block). host_buffer: a CPU tensor to use (and page-lock) as the pool
     instead of allocating one; ``pool_bytes`` says how large it must be. method: how
     jobs copy on a GPU ("auto", "batch", "per_copy", "kernel", "staged"; see
     kvoffload.auto), using at most ``sm_budget`` CTAs (None: no limit). With "auto", a
@@ -114,19 +116,23 @@ class OffloadHandler:
         if len(num_cpu_chunks) != len(gpu_tensors):
             raise ValueError(f"num_cpu_chunks: has {len(num_cpu_chunks)} entries for "
                              f"{len(gpu_tensors)} groups")
-        pages = [[block_bytes(t, f"gpu_tensors[{g}][{i}]") if page_bytes is None else page_bytes[g]
+        pages = [[block_bytes(t, f"gpu_tensors[{g}][{i}]") if page_bytes is None
+                  else page_bytes[g] if isinstance(page_bytes[g], int) else page_bytes[g][i]
                   for i, t in enumerate(group)] for g, group in enumerate(gpu_tensors)]
 
         on_gpu = device.type == "cuda"
-        self.pool = HostPool(torch, pool_bytes(pages, num_cpu_chunks, blocks_per_chunk),
+        self.pool = HostPool(torch, pool_bytes(pages, num_cpu_chunks, blocks_per_chunk,
+                                               tensor_owners(gpu_tensors)),
                              host_buffer, pinned=on_gpu)
         self.layout = kv_layout(gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk,
                                 self.pool.base, cpu_layout)
         self.gpu_tensors = gpu_tensors
         self.registry = MemoryRegistry()
+        registered = set()
         for g, group in enumerate(gpu_tensors):
             for i, t in enumerate(group):
-                if t.numel():
+                if t.numel() and t.data_ptr() not in registered:
+                    registered.add(t.data_ptr())
                     self.registry.register_tensor(f"gpu_tensors[{g}][{i}]", t)
         if self.pool.nbytes:
             self.registry.register("host pool", self.pool.base, self.pool.nbytes, "host")
@@ -171,7 +177,8 @@ class OffloadHandler:
         bpc = self.layout.blocks_per_chunk
         used = [chunks_used(n, b, bpc) for n, b in zip(gpu.group_sizes, gpu.block_indices)]
         job = _Job(direction, "expedited" if expedite else direction.value, plan.total_bytes,
-                   _keys(gpu.block_ids, gpu.group_sizes), _keys(cpu.chunk_ids, used), None, None)
+                   _keys(gpu.block_ids, gpu.group_sizes, self.layout.gpu_alias),
+                   _keys(cpu.chunk_ids, used, self.layout.cpu_alias), None, None)
         self._collect()
         waits = [other for other in self._in_flight.values()
                  if other.lane != job.lane and job.conflicts_with(other)]
