@@ -2,6 +2,7 @@
 holding site/ and pins/, as tools/install_vllm.sh and tools/stage_vllm_bundle.sh leave
 them), else the folder of the INSTALLED stamp that Bazel gives the test as data."""
 
+import importlib
 import os
 import sys
 
@@ -16,6 +17,11 @@ def _vllm_dir():
 
 
 _dir = _vllm_dir()
-for _sub in ("site", "pins"):
+for _sub in ("pins", "site"):
     if os.path.join(_dir, _sub) not in sys.path:
-        sys.path.append(os.path.join(_dir, _sub))
+        sys.path.insert(0, os.path.join(_dir, _sub))
+# vLLM needs a newer typing_extensions than the one pytest's plugins may have loaded.
+_loaded = sys.modules.get("typing_extensions")
+if _loaded is not None and not _loaded.__file__.startswith(_dir):
+    del sys.modules["typing_extensions"]
+    importlib.import_module("typing_extensions")
