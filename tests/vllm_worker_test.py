@@ -8,24 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_cache import VllmCache, finish, job, round_trip
+from vllm_cache import CASES, VllmCache, finish, job, round_trip
 from vllm.v1.kv_offload.base import (CanonicalKVCacheRef, CanonicalKVCaches,
                                      CanonicalKVCacheTensor, GPULoadStoreSpec)
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 import kvoffload.transfer_lanes
 from kvoffload.vllm import KVOffloadWorker
-
-CASES = {
-    # name: (rows, refs per group, blocks moved per group, blocks_per_chunk)
-    "one group, 4 tensors": ([256] * 4, [[(0, 256), (1, 256), (2, 256), (3, 256)]], [13], 4),
-    "one block per chunk": ([96, 96], [[(0, 96), (1, 96)]], [9], 1),
-    "groups [n, 0, n], 3 x 2 tensors": ([128] * 6, [[(0, 128), (1, 128)], [(2, 128), (3, 128)],
-                                                    [(4, 128), (5, 128)]], [7, 0, 7], 3),
-    "hybrid: groups share tensors, pages differ in a padded row":
-        ([192, 192], [[(0, 192), (1, 192)], [(0, 128), (1, 128)]], [6, 9], 2),
-}
-
 
 @pytest.mark.parametrize("case", CASES.keys())
 @pytest.mark.parametrize("seed", [0, 1])

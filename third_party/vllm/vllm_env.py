@@ -1,6 +1,6 @@
-"""Puts vLLM on sys.path for the tests of kvoffload.vllm: $KVOFFLOAD_VLLM_DIR (a folder
-holding site/ and pins/, as tools/install_vllm.sh and tools/stage_vllm_bundle.sh leave
-them), else the folder of the INSTALLED stamp that Bazel gives the test as data."""
+"""Puts vLLM on sys.path for the tests and benchmark of kvoffload.vllm: $KVOFFLOAD_VLLM_DIR
+(a folder holding site/ and pins/, as tools/install_vllm.sh and tools/stage_vllm_bundle.sh
+leave them), else the folder of the INSTALLED stamp beside this file (Bazel's data)."""
 
 import importlib
 import os
@@ -10,7 +10,7 @@ import sys
 def _vllm_dir():
     if os.environ.get("KVOFFLOAD_VLLM_DIR"):
         return os.environ["KVOFFLOAD_VLLM_DIR"]
-    stamp = os.path.join("third_party", "vllm", "INSTALLED")
+    stamp = os.path.join(os.path.dirname(os.path.abspath(__file__)), "INSTALLED")
     if os.path.exists(stamp):
         return os.path.dirname(os.path.realpath(stamp))
     raise RuntimeError("vLLM is not installed: run tools/install_vllm.sh (or set KVOFFLOAD_VLLM_DIR)")
