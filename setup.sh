@@ -12,6 +12,7 @@ fi
 
 python="${PYTHON_BIN_PATH:-python3}"
 "$python" -m pip install -q -r requirements.txt
+tools/install_vllm.sh   # vLLM's sources for the tests of kvoffload.vllm (third_party/vllm)
 
 if [ ! -x /usr/local/cuda/bin/nvcc ] && [ -z "${CUDA_PATH:-}" ]; then
   echo "setup.sh: no CUDA toolkit at /usr/local/cuda; install CUDA 13.0 or set CUDA_PATH" >&2

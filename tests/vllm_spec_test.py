@@ -9,7 +9,11 @@ import time
 import numpy as np
 import pytest
 
+import vllm_env
 from vllm_cache import VllmCache, finish
+
+if vllm_env.LIGHT:
+    pytest.skip("the light vLLM bundle has no vllm.config", allow_module_level=True)
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
     OffloadingConnectorMetadata, TransferJob)
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import OffloadingConnectorWorker
