@@ -12,3 +12,4 @@ fi
 
 python="${PYTHON_BIN_PATH:-python3}"
 "$python" -m pip install -q -r requirements.txt
+tools/install_vllm.sh   # vLLM's sources for the tests of kvoffload.vllm (third_party/vllm)

@@ -202,6 +202,44 @@ def test_interleaved_tensors_are_not_an_overlap():
                            TensorLayout(1064, 128, 64, 2 << 20, 64)), 4, 4),), 1)
 
 
+def shared_layout():
+    """Two groups referencing one GPU tensor and one CPU region, with 64- and 32-byte pages
+    inside a 64-byte row, and a third group of its own."""
+    shared = lambda page: TensorLayout(1000, 64, page, 1 << 20, 128)
+    return KVLayout((GroupLayout((shared(64),), 8, 4), GroupLayout((shared(32),), 8, 4),
+                     GroupLayout((TensorLayout(9000, 64, 64, 2 << 20, 128),), 8, 4)), 2)
+
+
+def test_groups_may_share_a_tensor_each_with_its_page():
+    layout = shared_layout()
+    assert layout.gpu_alias == layout.cpu_alias == (0, 0, 2)
+    plan = plan_transfer(layout, GPUSpec([1, 2, 3], [1, 1, 1], [0, 0, 0]), CPUSpec([0, 1, 0]),
+                         coalesce=False)
+    assert plan.sizes.tolist() == [64, 32, 64]
+    assert plan.gpu.tolist() == [1064, 1128, 9192]
+    assert plan.cpu.tolist() == [1 << 20, (1 << 20) + 128, 2 << 20]
+
+
+@pytest.mark.parametrize("gpu, cpu, message", [
+    (GPUSpec([5, 5, 5], [1, 1, 1], [0, 0, 0]), CPUSpec([0, 1, 2]),
+     r"group 1: block_ids\[1\] = 5 is also used by group 0 \(block_ids\[0\]\), which shares its GPU"),
+    (GPUSpec([1, 2, 3], [1, 1, 1], [0, 0, 0]), CPUSpec([3, 3, 3]),
+     r"group 1: chunk_ids\[1\] = 3 is also used by group 0 \(chunk_ids\[0\]\), which shares its CPU"),
+])
+def test_a_transfer_naming_a_shared_block_twice_is_refused(gpu, cpu, message):
+    with pytest.raises(ValueError, match=message):
+        plan_transfer(shared_layout(), gpu, cpu)
+
+
+def test_a_partly_shared_tensor_is_still_an_overlap():
+    with pytest.raises(ValueError, match=r"group 0 tensor 0 and group 1 tensor 0 overlap on the GPU"):
+        KVLayout((GroupLayout((TensorLayout(1000, 64, 64, 1 << 20, 64),), 8, 4),
+                  GroupLayout((TensorLayout(1000, 128, 64, 2 << 20, 64),), 4, 4)), 1)
+    with pytest.raises(ValueError, match=r"group 0 tensor 0 and group 0 tensor 1 overlap on the GPU"):
+        KVLayout((GroupLayout((TensorLayout(1000, 64, 64, 1 << 20, 64),
+                               TensorLayout(1000, 64, 64, 2 << 20, 64)), 8, 4),), 1)
+
+
 def test_from_tensors_rejects_mismatched_groups():
     gpu = [[torch.zeros((8, 64), dtype=torch.uint8), torch.zeros((6, 64), dtype=torch.uint8)]]
     cpu = [[torch.zeros((4, 64), dtype=torch.uint8), torch.zeros((4, 64), dtype=torch.uint8)]]

@@ -42,10 +42,12 @@ import numpy as np
 
 from kvoffload import auto
 from kvoffload.descriptor_pool import DescriptorPool
-from kvoffload.host_pool import HostPool, PoolOptions, chunk_runs, chunks_reach, kv_layout, pool_bytes
+from kvoffload.host_pool import (HostPool, PoolOptions, chunk_runs, chunks_reach, kv_layout, pool_bytes,
+                                 tensor_owners)
 from kvoffload.page_table import job_arguments, page_table
 from kvoffload.ordering import MemoryKind, PendingWrites, safe_order
-from kvoffload.planner import CPUSpec, GPUSpec, _require_int, chunks_used, plan_transfer, tensor_pages
+from kvoffload.planner import (CPUSpec, GPUSpec, _require_int, check_shared, chunks_used, plan_transfer,
+                               tensor_pages)
 from kvoffload.batch_copy import host_copy
 from kvoffload.registry import UNCHECKED, MemoryRegistry, tensor_span
 from kvoffload.transfer_lanes import CudaLanes, HostLanes
@@ -101,17 +103,19 @@ def bpc_bytes(layout, tensor) -> int:
     return layout.blocks_per_chunk * tensor.page_bytes
 
 
-def _keys(ids: np.ndarray, counts: Sequence[int]) -> np.ndarray:
-    groups = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+def _keys(ids: np.ndarray, counts: Sequence[int], alias: Sequence[int]) -> np.ndarray:
+    """(group << 40) | id, where groups that share tensors count as one group."""
+    groups = np.repeat(np.asarray(alias, dtype=np.int64), counts)
     return (groups << 40) | ids
 
 
-def _sub_block_keys(gpu: GPUSpec, cpu: CPUSpec, bpc: int) -> np.ndarray:
-    """The CPU sub-blocks a (planned, so valid) transfer touches, as keys."""
+def _sub_block_keys(gpu: GPUSpec, cpu: CPUSpec, bpc: int, alias: Sequence[int]) -> np.ndarray:
+    """The CPU sub-blocks a (checked, so valid) transfer touches, as keys; groups that
+    share tensors count as one group."""
     keys, chunk_at = [np.zeros(0, np.int64)], 0
     for g, (n, first) in enumerate(zip(gpu.group_sizes, gpu.block_indices)):
         position = first % bpc + np.arange(n, dtype=np.int64)
-        keys.append((g << 40) | (cpu.chunk_ids[chunk_at + position // bpc] * bpc + position % bpc))
+        keys.append((alias[g] << 40) | (cpu.chunk_ids[chunk_at + position // bpc] * bpc + position % bpc))
         chunk_at += chunks_used(n, first, bpc)
     return np.concatenate(keys)
 
@@ -127,9 +131,10 @@ class OffloadHandler:
 
     gpu_tensors[g][t]: tensor t of group g, blocks along dim 0, each block contiguous;
     a group's tensors share the block count. num_cpu_chunks: chunks per group (an int
-    for all groups). page_bytes[g]: bytes moved per block of group g's tensors (default:
-    the whole block). host_buffer: a CPU tensor to use (and page-lock) as the pool
-    instead of allocating one; ``pool_bytes`` says how large it must be. host_pool: how
+    for all groups); one tensor may appear in several groups (hybrid models), which then
+    share its blocks and its CPU region. page_bytes[g]: bytes moved per block of group
+    g's tensors, an int or one per tensor (default: the whole block). host_buffer: a CPU
+    tensor to use (and page-lock) as the pool instead of allocating one; ``pool_bytes`` says how large it must be. host_pool: how
     the pool is made and pinned otherwise (kvoffload.host_pool.PoolOptions: shared,
     huge pages, in the background). method: how
     jobs copy on a GPU. "pages" (the default) and "pages_kernel" send each job as ids
@@ -175,13 +180,16 @@ class OffloadHandler:
 
         on_gpu = device.type == "cuda"
         self.registry = MemoryRegistry()
+        registered = set()  # a tensor referenced by several groups is registered once
         for g, group in enumerate(gpu_tensors):
             for i, t in enumerate(group):
-                if t.numel():
+                if t.numel() and t.data_ptr() not in registered:
+                    registered.add(t.data_ptr())
                     self.registry.register_tensor(f"gpu_tensors[{g}][{i}]", t)
-        self.pool = HostPool(pool_bytes(pages, num_cpu_chunks, blocks_per_chunk), buffer=host_buffer,
+        owners = tensor_owners(gpu_tensors)
+        self.pool = HostPool(pool_bytes(pages, num_cpu_chunks, blocks_per_chunk, owners), buffer=host_buffer,
                              pinned=on_gpu, device=device.index or 0, options=host_pool,
-                             chunk_runs=chunk_runs(pages, num_cpu_chunks, blocks_per_chunk, cpu_layout))
+                             chunk_runs=chunk_runs(pages, num_cpu_chunks, blocks_per_chunk, cpu_layout, owners))
         try:
             shared = self.registry.overlapping(*tensor_span(self.pool.tensor))  # all of a host_buffer
             if shared:
@@ -251,6 +259,7 @@ class OffloadHandler:
             if self._pages is not None:
                 ids = job_arguments(gpu, cpu)
                 self._pages.check(*ids)
+                check_shared(self.layout, gpu, cpu)
                 nbytes = sum(n * t.page_bytes for n, group in zip(gpu.group_sizes, self.layout.groups)
                              for t in group.tensors)
             else:
@@ -260,8 +269,8 @@ class OffloadHandler:
                     for n, b in zip(gpu.group_sizes, gpu.block_indices)]
             self.pool.require_pinned(chunks_reach(self.layout, cpu.chunk_ids, used), job_id)
             job = _Job(job_id, direction, "expedited" if expedite else direction.value, nbytes,
-                       _keys(gpu.block_ids, gpu.group_sizes),
-                       _sub_block_keys(gpu, cpu, self.layout.blocks_per_chunk))
+                       _keys(gpu.block_ids, gpu.group_sizes, self.layout.gpu_alias),
+                       _sub_block_keys(gpu, cpu, self.layout.blocks_per_chunk, self.layout.cpu_alias))
             self._collect()
             return self._submit(job, plan, ids)
 

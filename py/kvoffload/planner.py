@@ -80,31 +80,55 @@ class GroupLayout:
         return np.array([getattr(t, field) for t in self.tensors], dtype=np.int64)[:, None]
 
 
-def _first_overlap(base, stride, span, count) -> tuple[int, int] | None:
-    """The first pair of regions that share a byte; region k is count[k] spans of span[k]
-    bytes, stride[k] apart, from base[k]."""
+def _overlaps(base, stride, span, count, group):
+    """Pairs of regions that share a byte (region k: count[k] spans of span[k] bytes,
+    stride[k] apart, from base[k]), as (overlapping pairs, shared pairs): a shared pair is
+    one tensor referenced by two groups (same base, stride and count), each with its page."""
     i, j = np.triu_indices(len(base), k=1)
     end = base + (count - 1) * stride + span
     apart = (end[i] <= base[j]) | (end[j] <= base[i])
     gap = (base[j] - base[i]) % np.maximum(stride[i], 1)
     interleaved = (stride[i] == stride[j]) & (gap >= span[i]) & (gap + span[j] <= stride[i])
-    bad = ~(apart | interleaved) & (count[i] > 0) & (count[j] > 0)
-    if not bad.any():
-        return None
-    k = int(np.argmax(bad))
-    return int(i[k]), int(j[k])
+    touching = ~(apart | interleaved) & (count[i] > 0) & (count[j] > 0)
+    shared = ((base[i] == base[j]) & (stride[i] == stride[j]) & (count[i] == count[j])
+              & (group[i] != group[j]))
+    return np.stack([i, j])[:, touching & ~shared], np.stack([i, j])[:, touching & shared]
+
+
+def alias_classes(count: int, pairs) -> tuple[int, ...]:
+    """The lowest member of each item's class, for classes joined by (a, b) pairs."""
+    root = list(range(count))
+
+    def find(k):
+        while root[k] != k:
+            k = root[k]
+        return k
+
+    for a, b in pairs:
+        ra, rb = find(a), find(b)
+        root[max(ra, rb)] = min(ra, rb)
+    return tuple(find(k) for k in range(count))
 
 
 @dataclasses.dataclass(frozen=True)
 class KVLayout:
-    """Every group of a KV cache and the CPU pool beside it. No two tensors share a byte."""
+    """Every group of a KV cache and the CPU pool beside it. No two tensors share a byte,
+    except that groups may reference one tensor (hybrid models): the same base and stride
+    on a side, each reference with its own page. Groups that share a tensor on a side
+    alias each other there (``gpu_alias``, ``cpu_alias``: the lowest group of each
+    group's class), and a transfer may not name one block or chunk in two of them."""
 
     groups: tuple[GroupLayout, ...]
     blocks_per_chunk: int
+    gpu_alias: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    cpu_alias: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "groups", tuple(self.groups))
         _require_int("blocks_per_chunk", self.blocks_per_chunk, 1)
+        unshared = tuple(range(len(self.groups)))
+        object.__setattr__(self, "gpu_alias", unshared)
+        object.__setattr__(self, "cpu_alias", unshared)
         owners = [(g, t) for g, group in enumerate(self.groups) for t in range(len(group.tensors))]
         tensors = [t for group in self.groups for t in group.tensors]
         for g, group in enumerate(self.groups):
@@ -125,17 +149,20 @@ class KVLayout:
         column = lambda f: np.array([getattr(t, f) for t in tensors], dtype=np.int64)
         blocks = np.array([g.num_gpu_blocks for g in self.groups for _ in g.tensors], np.int64)
         chunks = np.array([g.num_cpu_chunks for g in self.groups for _ in g.tensors], np.int64)
+        group = np.array([g for g, _ in owners], np.int64)
         sides = {
             "GPU": (column("gpu_base"), column("gpu_stride"), column("page_bytes"), blocks),
             "CPU": (column("cpu_base"), column("cpu_stride"),
                     column("page_bytes") * self.blocks_per_chunk, chunks),
         }
         for side, regions in sides.items():
-            pair = _first_overlap(*regions)
-            if pair is not None:
-                (ga, ta), (gb, tb) = owners[pair[0]], owners[pair[1]]
+            overlapping, shared = _overlaps(*regions, group)
+            if overlapping.shape[1]:
+                (ga, ta), (gb, tb) = owners[overlapping[0, 0]], owners[overlapping[1, 0]]
                 raise ValueError(f"group {ga} tensor {ta} and group {gb} tensor {tb} overlap "
                                  f"on the {side} side")
+            alias = alias_classes(len(self.groups), zip(group[shared[0]], group[shared[1]]))
+            object.__setattr__(self, f"{side.lower()}_alias", alias)
 
     @classmethod
     def from_tensors(cls, gpu: Sequence[Sequence], cpu: Sequence[Sequence], blocks_per_chunk: int,
@@ -186,10 +213,11 @@ def block_bytes(tensor, name: str) -> int:
     return expected * tensor.element_size()
 
 
-def tensor_pages(gpu: Sequence[Sequence], page_bytes: Sequence[int] | None = None,
+def tensor_pages(gpu: Sequence[Sequence], page_bytes: Sequence | None = None,
                  name: str = "gpu_tensors") -> list[list[int]]:
     """Bytes moved per block of every tensor, [group][tensor]: the whole block (each index
-    of dim 0 must be contiguous, page_bytes or not), or ``page_bytes[g]``, at most that."""
+    of dim 0 must be contiguous, page_bytes or not), or ``page_bytes[g]`` (an int for the
+    group, or one per tensor), at most that."""
     if page_bytes is not None and len(page_bytes) != len(gpu):
         raise ValueError(f"page_bytes: has {len(page_bytes)} entries for {len(gpu)} groups")
     pages = []
@@ -198,11 +226,19 @@ def tensor_pages(gpu: Sequence[Sequence], page_bytes: Sequence[int] | None = Non
         if page_bytes is None:
             pages.append(blocks)
             continue
-        page = _require_int(f"page_bytes[{g}]", page_bytes[g], 1)
-        for block in blocks:
+        given = page_bytes[g]
+        if isinstance(given, (int, np.integer)) and not isinstance(given, bool):
+            given, where = [given] * len(blocks), [f"page_bytes[{g}]"] * len(blocks)
+        else:
+            given = list(given)
+            if len(given) != len(blocks):
+                raise ValueError(f"page_bytes[{g}]: has {len(given)} entries for {len(blocks)} tensors")
+            where = [f"page_bytes[{g}][{i}]" for i in range(len(blocks))]
+        group_pages = [_require_int(w, page, 1) for w, page in zip(where, given)]
+        for w, page, block in zip(where, group_pages, blocks):
             if page > block:
-                raise ValueError(f"page_bytes[{g}]: {page} exceeds the {block}-byte GPU block")
-        pages.append([page] * len(blocks))
+                raise ValueError(f"{w}: {page} exceeds the {block}-byte GPU block")
+        pages.append(group_pages)
     return pages
 
 
@@ -283,6 +319,28 @@ def _check_ids(name: str, ids: np.ndarray, offset: int, limit: int, group: int) 
         raise ValueError(f"group {group}: {name}[{offset + k}] = {ids[k]} appears twice")
 
 
+def _check_shared(name: str, ids: np.ndarray, counts, alias: tuple[int, ...], side: str) -> None:
+    """Groups that share tensors on a side must not name one id twice in a transfer."""
+    if len(set(alias)) == len(alias):
+        return
+    group = np.repeat(np.arange(len(counts)), counts)
+    keys = np.asarray(alias, dtype=np.int64)[group] << 40 | ids
+    order = np.argsort(keys, kind="stable")
+    repeated = np.flatnonzero(keys[order][1:] == keys[order][:-1])
+    if repeated.size:
+        first, k = int(order[repeated[0]]), int(order[repeated[0] + 1])
+        raise ValueError(f"group {group[k]}: {name}[{k}] = {ids[k]} is also used by group "
+                         f"{group[first]} ({name}[{first}]), which shares its {side} tensors")
+
+
+def check_shared(layout: KVLayout, gpu: GPUSpec, cpu: CPUSpec) -> None:
+    """Refuses a transfer naming one block or chunk in two groups that share tensors."""
+    bpc = layout.blocks_per_chunk
+    used = [chunks_used(n, b, bpc) for n, b in zip(gpu.group_sizes, gpu.block_indices)]
+    _check_shared("block_ids", gpu.block_ids, gpu.group_sizes, layout.gpu_alias, "GPU")
+    _check_shared("chunk_ids", cpu.chunk_ids, used, layout.cpu_alias, "CPU")
+
+
 def _coalesce(gpu: np.ndarray, cpu: np.ndarray, sizes: np.ndarray):
     """Merges each copy that continues the previous one on both sides."""
     if len(sizes) < 2:
@@ -326,6 +384,7 @@ def plan_transfer(layout: KVLayout, gpu: GPUSpec, cpu: CPUSpec, coalesce: bool =
                           + (position % bpc) * page).ravel())
         size_parts.append(np.broadcast_to(page, (len(page), n)).ravel())
 
+    check_shared(layout, gpu, cpu)
     empty = np.zeros(0, dtype=np.int64)
     gpu_addr = np.concatenate(gpu_parts) if gpu_parts else empty
     cpu_addr = np.concatenate(cpu_parts) if cpu_parts else empty

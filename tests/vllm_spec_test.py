@@ -1,0 +1,151 @@
+"""kvoffload.vllm.KVOffloadSpec: selected through vLLM's factory, sized by vLLM's CPU
+spec, its worker driven by vLLM's scheduler-side manager and by vLLM's connector worker."""
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import vllm_env
+from vllm_cache import VllmCache, finish
+
+if vllm_env.LIGHT:
+    pytest.skip("the light vLLM bundle has no vllm.config", allow_module_level=True)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+    OffloadingConnectorMetadata, TransferJob)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import OffloadingConnectorWorker
+from vllm.v1.kv_offload.base import GPULoadStoreSpec, LookupResult, ReqContext, make_offload_key
+from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig, OffloadingGroupConfig,
+                                       OffloadingModelConfig, OffloadingParallelConfig)
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+from kvoffload.vllm import KVOffloadSpec, KVOffloadWorker
+
+BPC = 2
+ROWS, REFS = [256, 256], [[(0, 256), (1, 256)]]
+EXTRA = {"spec_name": "KVOffloadSpec", "spec_module_path": "kvoffload.vllm", "cpu_bytes_to_use": 1 << 20}
+
+
+def config(extra=EXTRA, world_size=1, **flags):
+    parallel = OffloadingParallelConfig(
+        rank=0, world_size=world_size, tp_size=world_size, pp_size=1, pcp_size=1, dcp_size=1,
+        data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+        is_parallelism_agnostic=False)
+    return OffloadingConfig(
+        groups=(OffloadingGroupConfig(16, ("layer.0",), 0),), worker_kv_bytes_per_block=sum(ROWS),
+        enable_kv_cache_events=False, extra_config=dict(extra), engine_id="engine-0",
+        model=OffloadingModelConfig("model", "int8"),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=BPC), parallel=parallel, **flags)
+
+
+def test_the_factory_selects_the_spec_and_vllm_sizes_the_pool():
+    spec = OffloadingSpecFactory.create_spec(config())
+    assert type(spec) is KVOffloadSpec
+    assert spec.num_chunks == CPUOffloadingSpec(config()).num_chunks > 0
+    worker = spec.get_worker(VllmCache(np.random.default_rng(0), ROWS, REFS, 8).kv_caches)
+    assert isinstance(worker, KVOffloadWorker) and spec.get_worker(None) is worker
+    assert worker.handler.layout.groups[0].num_cpu_chunks == spec.num_chunks
+    worker.shutdown()
+
+
+def test_replicated_layout_is_turned_off_each_rank_keeps_its_copy(monkeypatch):
+    # On a GPU, vLLM's spec would store one copy for all ranks in a shared region.
+    monkeypatch.setattr(CPUOffloadingSpec, "_uses_shared_region", lambda self: True)
+    assert CPUOffloadingSpec(config(world_size=4, replicated_layout=True)).replicated_layout
+    spec = KVOffloadSpec(config(world_size=4, replicated_layout=True))
+    assert not spec.replicated_layout
+    assert spec.num_chunks == KVOffloadSpec(config(world_size=4)).num_chunks
+    assert OffloadingConnectorWorker(spec, None, None)._is_store_writer
+
+
+def test_canonical_layout_is_refused_naming_the_key():
+    with pytest.raises(ValueError, match=r"kv_connector_extra_config: canonical_layout=True is not supported"):
+        KVOffloadSpec(config(canonical_layout=True))
+
+
+def test_manager_prepares_a_store_then_an_expedited_load():
+    rng = np.random.default_rng(1)
+    cache = VllmCache(rng, ROWS, REFS, num_blocks=32)
+    spec = KVOffloadSpec(config())
+    manager, worker = spec.get_manager(), spec.get_worker(cache.kv_caches)
+    request = ReqContext("request-0")
+    manager.on_new_request(request)
+    keys = [make_offload_key(bytes([k]) * 16, 0) for k in range(5)]
+    with manager.lock:
+        out = manager.prepare_store(keys, request)
+    assert out.keys_to_store == keys and isinstance(out.store_spec, CPULoadStoreSpec)
+    src, dst = np.split(rng.permutation(32)[:20], 2)
+    snapshot = cache.snapshot()
+    started = time.perf_counter()
+    assert worker.submit_store(1, GPULoadStoreSpec(src.tolist(), [10], [0]), out.store_spec)
+    assert finish(worker, {1}, started)[1].transfer_size == 10 * sum(ROWS)
+    with manager.lock:
+        manager.complete_store(keys, request)
+        assert [manager.lookup(k, request) for k in keys] == [LookupResult.HIT] * 5
+        load_spec = manager.prepare_load(keys[1:], request)
+    cache.poison(0, dst)
+    started = time.perf_counter()
+    assert worker.submit_load(2, load_spec, GPULoadStoreSpec(dst[2:].tolist(), [8], [2]), expedited=True)
+    worker.wait({2})
+    assert finish(worker, {2}, started)[2].transfer_size == 8 * sum(ROWS)
+    cache.assert_blocks(snapshot, 0, src[2:], dst[2:])
+    with manager.lock:
+        manager.complete_load(keys[1:], request)
+    worker.shutdown()
+
+
+def test_vllm_connector_worker_defers_stores_flushes_loads_and_reports_stats():
+    rng = np.random.default_rng(2)
+    cache = VllmCache(rng, ROWS, REFS, num_blocks=32)
+    spec = KVOffloadSpec(config())
+    connector = OffloadingConnectorWorker(spec, None, None)
+    connector._init_worker(cache.kv_caches)  # what register_kv_caches ends with
+    blocks = rng.permutation(32)
+    chunks = rng.permutation(spec.num_chunks)
+    gpu = lambda k: GPULoadStoreSpec(blocks[4 * k:4 * k + 4].tolist(), [4], [0])
+    cpu = lambda k: CPULoadStoreSpec(chunks[2 * k:2 * k + 2].tolist())
+    store = lambda k: TransferJob(f"r{k}", gpu(k), cpu(k))
+    meta = lambda loads, stores, flush=None: OffloadingConnectorMetadata(loads, stores, flush)
+    snapshot = cache.snapshot()
+
+    connector.start_kv_transfers(meta({}, {}))
+    connector.prepare_store_kv(meta({}, {1: store(0)}))
+    assert connector.worker.get_finished() == []  # deferred to the next step
+    connector.start_kv_transfers(meta({}, {}))
+    connector.prepare_store_kv(meta({}, {2: store(1)}))
+    connector.handle_preemptions(meta({}, {3: store(2)}, flush={3}))
+    connector.worker.wait({1, 2})
+    cache.poison(0, blocks[12:20])
+    connector.start_kv_transfers(meta({4: TransferJob("r4", cpu(0), gpu(3)),
+                                       5: TransferJob("r5", cpu(1), gpu(4), sync=True)}, {}))
+    cache.assert_blocks(snapshot, 0, blocks[4:8], blocks[16:20])  # sync: done at once
+    received, started = set(), time.perf_counter()
+    while received != {"r4"}:
+        assert time.perf_counter() - started < 60
+        sending, recving = connector.get_finished(set())
+        assert sending == set()
+        received |= recving
+    cache.assert_blocks(snapshot, 0, blocks[0:4], blocks[12:16])
+    connector.get_finished(set())
+    report = connector.build_connector_worker_meta()
+    assert report.completed_jobs == {k: 1 for k in range(1, 6)}
+    stats = report.transfer_stats
+    assert stats.store.bytes == 3 * 4 * sum(ROWS) and stats.load.bytes == 2 * 4 * sum(ROWS)
+    assert stats.store.time > 0 and stats.load.time > 0
+    connector.shutdown()
+
+
+def test_the_worker_needs_only_vllms_light_modules():
+    heavy = ["vllm.config", "vllm.distributed", "vllm.v1.kv_offload.cpu.spec", "vllm.platforms"]
+    code = (f"import sys, kvoffload.vllm; heavy = {heavy!r}; "
+            "print(sorted(h for h in heavy if h in sys.modules)); kvoffload.vllm.KVOffloadSpec; "
+            "print(sorted(h for h in heavy if h in sys.modules))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[]", repr(sorted(heavy))]

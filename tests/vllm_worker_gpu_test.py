@@ -1,0 +1,52 @@
+"""kvoffload.vllm.KVOffloadWorker on a GPU, with vLLM's classes: the CPU tests' round
+trips on device tensors and pinned pools, per copy method; stores that follow the compute
+stream; times from CUDA events."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from scale import scaled
+from vllm_cache import CASES, VllmCache, finish, round_trip
+from vllm.v1.kv_offload.base import GPULoadStoreSpec
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+
+from kvoffload.vllm import KVOffloadWorker
+
+SLEEP_CYCLES = 2_000_000  # about 1 ms of GPU time queued before each write
+
+
+@pytest.mark.parametrize("method", ["auto", "batch", "kernel"])
+@pytest.mark.parametrize("case", CASES.keys())
+def test_store_then_load_in_two_jobs_round_trips(case, method):
+    rng = np.random.default_rng(0)
+    rows, refs, n, bpc = CASES[case]
+    worker = round_trip(rng, VllmCache(rng, rows, refs, num_blocks=256, device="cuda"), bpc,
+                        num_chunks=160, n=[4 * k for k in n], method=method)
+    assert worker.handler.pool.tensor.is_pinned()
+
+
+def test_a_store_sees_what_the_compute_stream_wrote_and_times_are_gpu_times():
+    rng = np.random.default_rng(1)
+    cache = VllmCache(rng, [4096, 4096], [[(0, 4096), (1, 4096)]], num_blocks=64, device="cuda")
+    worker = KVOffloadWorker(cache.kv_caches, 1, 64, method="batch")
+    for trial in range(scaled(200)):
+        ids, chunks = rng.permutation(64)[:4], rng.permutation(64)[:4]
+        value = trial % 127 + 1
+        torch.cuda._sleep(SLEEP_CYCLES)
+        for t in cache.tensors:
+            t[torch.from_numpy(ids).cuda()] = value
+        started = time.perf_counter()
+        assert worker.submit_store(2 * trial, GPULoadStoreSpec(ids.tolist(), [4], [0]),
+                                   CPULoadStoreSpec(chunks.tolist()))
+        assert time.perf_counter() - started < 0.2, "submit_store waited for the GPU"
+        cache.poison(0, ids)
+        assert worker.submit_load(2 * trial + 1, CPULoadStoreSpec(chunks.tolist()),
+                                  GPULoadStoreSpec(ids.tolist(), [4], [0]), expedited=True)
+        done = finish(worker, {2 * trial, 2 * trial + 1}, started)
+        assert done[2 * trial].transfer_time < 0.5e-3, "a store's time must not include the compute stream's"
+        for t in cache.tensors:
+            assert (t[torch.from_numpy(ids).cuda()] == value).all(), f"trial {trial}: stale or lost bytes"
+    worker.shutdown()
