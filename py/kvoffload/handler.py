@@ -44,6 +44,7 @@ from kvoffload import auto
 from kvoffload.descriptor_pool import DescriptorPool
 from kvoffload.host_pool import (HostPool, PoolOptions, chunk_runs, chunks_reach, kv_layout, pool_bytes,
                                  tensor_owners)
+from kvoffload.last_writers import LastWriters
 from kvoffload.page_table import job_arguments, page_table
 from kvoffload.ordering import MemoryKind, PendingWrites, safe_order
 from kvoffload.planner import (CPUSpec, GPUSpec, _require_int, check_shared, chunks_used, plan_transfer,
@@ -228,7 +229,7 @@ class OffloadHandler:
         self._lock = threading.RLock()
         self._in_flight: dict[Hashable, _Job] = {}
         self._lane_jobs = {lane: collections.deque() for lane in lanes}  # in flight, oldest first
-        self._writer: dict[int, int] = {}  # cpu sub-block key -> sequence number of its last store
+        self._writers = LastWriters([n * blocks_per_chunk for n in num_cpu_chunks])
         self._failed_stores: dict[int, Hashable] = {}  # sequence number -> job id
         self._submitted = 0
         self._ids: set = set()  # every job id ever submitted, for wait()
@@ -282,8 +283,8 @@ class OffloadHandler:
             pending = any(other.direction is Direction.STORE for other in waits)
             order = safe_order(self._load_source, MemoryKind.DEVICE,
                                PendingWrites.YES if pending else PendingWrites.NO)
-            partial = [self._failed_stores[w] for w in map(self._writer.get, job.cpu_keys.tolist())
-                       if w in self._failed_stores]
+            failed = self._writers.first_failed(job.cpu_keys, self._failed_stores)
+            partial = [] if failed is None else [failed]
         else:
             order = safe_order(MemoryKind.DEVICE, MemoryKind.PINNED_HOST, PendingWrites.UNKNOWN)
             partial = []
@@ -327,7 +328,7 @@ class OffloadHandler:
         self._lane_jobs[job.lane].append(job)
         self._ids.add(job.job_id)
         if job.writes_cpu:
-            self._writer.update(dict.fromkeys(job.cpu_keys.tolist(), job.seq))
+            self._writers.record(job.cpu_keys, job.seq)
         if self._lanes.submit_error(job.handle) is not None:
             self._note_failure(job)
         return True
