@@ -10,7 +10,8 @@ The loop is enqueued first and covers the whole copy window; the copies start af
 some warm-up steps (clocks have fallen by then) and go back to back with no host sync.
 GB/s is taken over the copies' own window, from events on their stream. Step time is
 the mean of the steps whose events lie inside that window, against the same steps of the
-same sustained loop run beside an idle stream in this process.
+same sustained loop run beside an idle stream in this process, just before and just
+after (their mean; their difference is reported as the measurement's drift).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class Beside:
     steps_in_window: int
     step_seconds: float
     idle_step_seconds: float
+    idle_drift: float  # the idle loop after over before, minus 1: this measurement's noise
 
 
 class ComputeLoop:
@@ -101,8 +103,11 @@ class ComputeLoop:
         torch = self.torch
         warm = WARM_STEPS[self.workload]
         for cover in (3, 8, 20):
-            torch.cuda.synchronize()
             steps = warm + int(cover * expected_seconds / self.step_seconds) + 4
+            # The idle loop runs before and after the busy one: their mean cancels a slow
+            # drift of clocks between runs.
+            idle_before = self._steps(steps)
+            torch.cuda.synchronize()
             events = self._enqueue(steps)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             copy_stream.wait_event(events[warm])
@@ -114,14 +119,15 @@ class ComputeLoop:
                 break
         else:
             return None  # the copies outlasted 20 times their time alone
+        idle_after = self._steps(steps)
         window = start.elapsed_time(end) / 1e3
         inside = [i for i in range(steps)
                   if start.elapsed_time(events[i]) >= 0 and events[i + 1].elapsed_time(end) >= 0]
         if not inside:
             raise RuntimeError("no compute step lies inside the copy window; move more bytes")
         times = [events[i].elapsed_time(events[i + 1]) / 1e3 for i in inside]
-        torch.cuda.synchronize()
-        idle = self._steps(steps)
-        idle_times = [idle[i] for i in inside]
+        idle_times = [(idle_before[i] + idle_after[i]) / 2 for i in inside]
         step, idle_step = sum(times) / len(times), sum(idle_times) / len(idle_times)
-        return Beside(moved_bytes / window / 1e9, step / idle_step - 1, len(inside), step, idle_step)
+        drift = (sum(idle_after[i] for i in inside) - sum(idle_before[i] for i in inside)) / sum(idle_times)
+        return Beside(moved_bytes / window / 1e9, step / idle_step - 1, len(inside), step, idle_step,
+                      drift)

@@ -161,7 +161,7 @@ def main(argv):
                         if got is None:
                             continue
                         rows.append(dict(row, workload=workload, gb_per_s_beside=got.gb_per_s,
-                                         step_slowdown=got.step_slowdown,
+                                         step_slowdown=got.step_slowdown, idle_drift=got.idle_drift,
                                          steps_in_window=got.steps_in_window))
                         print(f"  beside {workload}: {got.gb_per_s:6.1f} GB/s, step slowdown "
                               f"{got.step_slowdown:+.1%} over {got.steps_in_window} steps")
