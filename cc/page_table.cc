@@ -195,6 +195,25 @@ int64_t BuildSegments(const PageLayout& layout, const PageJob& job, std::vector<
   return units;
 }
 
+void JobKeys(const PageLayout& layout, const PageJob& job, const int64_t* gpu_alias,
+             const int64_t* cpu_alias, std::vector<int64_t>& gpu, std::vector<int64_t>& cpu) {
+  const int64_t bpc = layout.blocks_per_chunk();
+  gpu.resize(job.num_block_ids);
+  cpu.resize(job.num_block_ids);
+  int64_t block_at = 0, chunk_at = 0;
+  for (int64_t g = 0; g < job.groups; ++g) {
+    const int64_t n = job.group_sizes[g], skip = job.block_indices[g] % bpc;
+    const int64_t gpu_tag = gpu_alias[g] << 40, cpu_tag = cpu_alias[g] << 40;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t position = skip + i;
+      gpu[block_at + i] = gpu_tag | job.block_ids[block_at + i];
+      cpu[block_at + i] = cpu_tag | (job.chunk_ids[chunk_at + position / bpc] * bpc + position % bpc);
+    }
+    block_at += n;
+    chunk_at += ChunksUsed(n, job.block_indices[g], bpc);
+  }
+}
+
 int64_t SegmentBytes(const PageLayout& layout, const std::vector<Segment>& segments) {
   if (segments.empty()) return 0;
   const Segment& last = segments.back();

@@ -145,6 +145,22 @@ void TestUnitsMatchReference(std::mt19937_64& rng) {
     std::sort(got.begin(), got.end());
     std::sort(want.begin(), want.end());
     EXPECT(got == want);
+
+    // Keys: per block, its tagged id and its tagged CPU sub-block.
+    std::vector<int64_t> tags(c.group_sizes.size()), gpu_keys, cpu_keys;
+    std::iota(tags.begin(), tags.end(), 7);
+    JobKeys(layout, job, tags.data(), tags.data(), gpu_keys, cpu_keys);
+    int64_t block_at = 0, chunk_at = 0;
+    for (size_t g = 0; g < c.group_sizes.size(); ++g) {
+      for (int64_t i = 0; i < c.group_sizes[g]; ++i) {
+        const int64_t position = c.block_indices[g] % c.bpc + i;
+        EXPECT(gpu_keys[block_at + i] == (tags[g] << 40 | c.block_ids[block_at + i]));
+        EXPECT(cpu_keys[block_at + i] ==
+               (tags[g] << 40 | (c.chunk_ids[chunk_at + position / c.bpc] * c.bpc + position % c.bpc)));
+      }
+      block_at += c.group_sizes[g];
+      chunk_at += ChunksUsed(c.group_sizes[g], c.block_indices[g], c.bpc);
+    }
     EXPECT(job_bytes == SegmentBytes(layout, segments));
 
     // Slices cover the job in order, each fitting the slot, and their host runs cover

@@ -475,6 +475,20 @@ class PyPageTable {
 
   void Check(const JobIds& ids) const { ValidateJob(layout_, ids.Job()); }
 
+  // Validates the job, then returns its keys (JobKeys).
+  nb::tuple Keys(const JobIds& ids, nb::handle gpu_alias, nb::handle cpu_alias) const {
+    const std::vector<int64_t> gpu_tags = Alias(gpu_alias, "gpu_alias");
+    const std::vector<int64_t> cpu_tags = Alias(cpu_alias, "cpu_alias");
+    const PageJob job = ids.Job();
+    std::vector<int64_t> gpu, cpu;
+    {
+      nb::gil_scoped_release release;
+      ValidateJob(layout_, job);
+      JobKeys(layout_, job, gpu_tags.data(), cpu_tags.data(), gpu, cpu);
+    }
+    return nb::make_tuple(ToNumpy(std::move(gpu)), ToNumpy(std::move(cpu)));
+  }
+
   nb::tuple UnitCopies(const JobIds& ids) const {
     const PageJob job = ids.Job();
     ValidateJob(layout_, job);
@@ -511,6 +525,21 @@ class PyPageTable {
       refs[r] = TensorRef{row[0], row[1], row[2], row[3], row[4]};
     }
     return refs;
+  }
+
+  std::vector<int64_t> Alias(nb::handle obj, const char* name) const {
+    std::vector<int64_t> alias = Vector(obj, name);
+    if (static_cast<int64_t>(alias.size()) != layout_.groups()) {
+      throw nb::value_error((std::string(name) + ": needs one entry per group (" +
+                             std::to_string(layout_.groups()) + ")")
+                                .c_str());
+    }
+    for (int64_t a : alias) {
+      if (a < 0 || a >= (int64_t{1} << 22)) {
+        throw nb::value_error((std::string(name) + ": entries must be in [0, 2^22)").c_str());
+      }
+    }
+    return alias;
   }
 
   static std::vector<int64_t> Vector(nb::handle obj, const char* name) {
@@ -614,6 +643,14 @@ NB_MODULE(_C, m) {
           },
           nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
           nb::arg("block_indices"))
+      .def(
+          "job_keys",
+          [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i,
+             nb::handle gpu_alias, nb::handle cpu_alias) {
+            return t.Keys(JobIds(b, c, g, i), gpu_alias, cpu_alias);
+          },
+          nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
+          nb::arg("block_indices"), nb::arg("gpu_alias"), nb::arg("cpu_alias"))
       .def(
           "unit_copies",
           [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i) {

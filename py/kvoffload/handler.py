@@ -75,7 +75,7 @@ class _Job:
     direction: Direction
     lane: str
     bytes: int
-    gpu_keys: np.ndarray  # (group << 40) | block id
+    gpu_keys: np.ndarray  # (group << 40) | block id; groups sharing tensors share a tag (JobKeys)
     cpu_keys: np.ndarray  # (group << 40) | chunk id * blocks_per_chunk + sub-block
     descriptors: np.ndarray | None = None
     handle: object = None
@@ -102,23 +102,6 @@ class _Job:
 def bpc_bytes(layout, tensor) -> int:
     """Bytes of one tensor's sub-blocks in a chunk."""
     return layout.blocks_per_chunk * tensor.page_bytes
-
-
-def _keys(ids: np.ndarray, counts: Sequence[int], alias: Sequence[int]) -> np.ndarray:
-    """(group << 40) | id, where groups that share tensors count as one group."""
-    groups = np.repeat(np.asarray(alias, dtype=np.int64), counts)
-    return (groups << 40) | ids
-
-
-def _sub_block_keys(gpu: GPUSpec, cpu: CPUSpec, bpc: int, alias: Sequence[int]) -> np.ndarray:
-    """The CPU sub-blocks a (checked, so valid) transfer touches, as keys; groups that
-    share tensors count as one group."""
-    keys, chunk_at = [np.zeros(0, np.int64)], 0
-    for g, (n, first) in enumerate(zip(gpu.group_sizes, gpu.block_indices)):
-        position = first % bpc + np.arange(n, dtype=np.int64)
-        keys.append((alias[g] << 40) | (cpu.chunk_ids[chunk_at + position // bpc] * bpc + position % bpc))
-        chunk_at += chunks_used(n, first, bpc)
-    return np.concatenate(keys)
 
 
 def _one_id(job_ids) -> bool:
@@ -208,11 +191,12 @@ class OffloadHandler:
         if on_gpu and method == "auto":
             auto.calibration()  # loaded, or measured now (seconds) rather than in the first job
         self._method, self._sm_budget, self._page_ctas = method, sm_budget, page_ctas
+        self._table = page_table(self.layout)  # checks every job's ids and keys it
         self._pages = None
         if on_gpu and method in self.PAGE_METHODS:
             # Every page a job names lies inside these extents, checked once here; a job
             # then needs only its ids checked.
-            self._pages = page_table(self.layout)
+            self._pages = self._table
             for g, group in enumerate(self.layout.groups):
                 for t in group.tensors:
                     if group.num_gpu_blocks:
@@ -256,10 +240,11 @@ class OffloadHandler:
                 raise ValueError(f"job_id: {job_id!r} is already in use")
             if expedite and (direction is Direction.STORE or not self._expedited):
                 raise ValueError("expedite: only for loads, on a handler made with expedited_loads=True")
-            plan = ids = None
+            plan = None
+            ids = job_arguments(gpu, cpu)
+            # Checks the ids (the page methods' only check, besides shared tensors).
+            gpu_keys, cpu_keys = self._table.job_keys(*ids, self.layout.gpu_alias, self.layout.cpu_alias)
             if self._pages is not None:
-                ids = job_arguments(gpu, cpu)
-                self._pages.check(*ids)
                 check_shared(self.layout, gpu, cpu)
                 nbytes = sum(n * t.page_bytes for n, group in zip(gpu.group_sizes, self.layout.groups)
                              for t in group.tensors)
@@ -270,8 +255,7 @@ class OffloadHandler:
                     for n, b in zip(gpu.group_sizes, gpu.block_indices)]
             self.pool.require_pinned(chunks_reach(self.layout, cpu.chunk_ids, used), job_id)
             job = _Job(job_id, direction, "expedited" if expedite else direction.value, nbytes,
-                       _keys(gpu.block_ids, gpu.group_sizes, self.layout.gpu_alias),
-                       _sub_block_keys(gpu, cpu, self.layout.blocks_per_chunk, self.layout.cpu_alias))
+                       gpu_keys, cpu_keys)
             self._collect()
             return self._submit(job, plan, ids)
 
