@@ -8,7 +8,7 @@ swap_blocks); cuMemcpyBatchAsync with STREAM (vLLM's stores) and with ANY (vLLM'
 loads); kvoffload's raw-pointer kernel, staged and auto copies; and its id-addressed
 page copies (kvoffload.page_table, staged and direct), given the same blocks as block
 and chunk ids. With --interference=model,gemm each method also runs beside a compute
-loop (bench/interference.py). Without a GPU it measures the host path instead, and
+loop (kvoffload.compute_loop). Without a GPU it measures the host path instead, and
 says so.
 """
 
@@ -22,7 +22,7 @@ import time
 import numpy as np
 from absl import app, flags
 
-import interference
+from kvoffload import compute_loop
 import kvoffload as kv
 from kvoffload import auto
 from kvoffload.page_table import PageTable
@@ -46,7 +46,7 @@ flags.DEFINE_integer("kernel_ctas", 8, "CTA budget of the copy kernel.")
 flags.DEFINE_integer("staged_ctas", 8, "CTA budget of the staged copy's gather/scatter kernel.")
 flags.DEFINE_integer("slot_mib", 16, "Staging slot size, MiB.")
 flags.DEFINE_integer("slots", 4, "Staging slots.")
-flags.DEFINE_list("interference", [], "Compute loops (model, gemm; bench/interference.py) beside "
+flags.DEFINE_list("interference", [], "Compute loops (model, gemm; kvoffload.compute_loop) beside "
                   "which to also run each method, at --interference_kib, reporting its step slowdown.")
 flags.DEFINE_list("interference_kib", ["4", "16"], "Block sizes measured beside compute.")
 flags.DEFINE_list("interference_methods", ["batch_any", "kernel", "staged", "auto", "pages_staged",
@@ -154,7 +154,7 @@ def measure_gpu(rng):
     }
     streams = {"h2d": torch.cuda.Stream(), "d2h": torch.cuda.Stream()}
     ends = {"h2d": ("host", "device"), "d2h": ("device", "host")}
-    loops = {w: interference.ComputeLoop(torch, w) for w in FLAGS.interference}
+    loops = {w: compute_loop.ComputeLoop(torch, w) for w in FLAGS.interference}
     rows = []
 
     def bulk(direction, stream):

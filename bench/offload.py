@@ -14,6 +14,7 @@ two bulk copies at once, one each way. --devices=0,1 runs one handler per GPU, b
 once, against bulk copies on both GPUs at once.
 """
 
+import dataclasses
 import datetime
 import itertools
 import json
@@ -23,9 +24,9 @@ import time
 import numpy as np
 from absl import app, flags
 
-import interference
+from kvoffload import compute_loop
 import kvoffload as kv
-from kvoffload import auto
+from kvoffload import calibration
 from kvoffload.handler import OffloadHandler
 from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
 
@@ -38,7 +39,7 @@ flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the 
 flags.DEFINE_list("methods", ["auto", "batch"], "Handler copy methods to compare (kvoffload.auto).")
 flags.DEFINE_bool("concurrent", False, "Also run stores and loads at once.")
 flags.DEFINE_list("devices", [], "GPUs to run one handler each on, at once (e.g. 0,1).")
-flags.DEFINE_list("interference", [], "Compute loops (model, gemm; bench/interference.py) beside "
+flags.DEFINE_list("interference", [], "Compute loops (model, gemm; kvoffload.compute_loop) beside "
                   "which to also run each method's stores and loads, reporting the step slowdown.")
 
 # name -> [(layers, kv heads, head dim)] per group; K and V are separate tensors.
@@ -230,7 +231,7 @@ def main(argv):
               f"store {(1 << 30) / bulk['store'] / 1e9:.1f} GB/s, both at once "
               f"{(1 << 30) / bulk['both'] / 1e9:.1f} GB/s together")
     rows = []
-    loops = {w: interference.ComputeLoop(torch, w) for w in FLAGS.interference} if gpu else {}
+    loops = {w: compute_loop.ComputeLoop(torch, w) for w in FLAGS.interference} if gpu else {}
     for name, shape in CACHES.items():
         cache = make_cache(torch, shape, blocks, "cuda" if gpu else "cpu")
         handlers = {}
@@ -286,7 +287,8 @@ def main(argv):
         with open(out, "w") as f:
             json.dump(dict(date=datetime.date.today().isoformat(), machine=machine,
                            config=dict(gpu_blocks=blocks, blocks_per_chunk=bpc, cpu_layout="chunk_major",
-                                       calibration=auto.calibration().rates if gpu else None,
+                                       calibration=(dataclasses.asdict(calibration.calibration())
+                                                    if gpu and "auto" in FLAGS.methods else None),
                                        moved_mib=moved >> 20),
                            rows=rows), f, indent=1)
         print(f"wrote {out}")

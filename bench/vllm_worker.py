@@ -8,7 +8,7 @@ a hybrid of two groups sharing 32 tensors of 32 KiB rows (full attention moving 
 sliding window 16 KiB per block). Jobs move random blocks to random chunks: stores, loads,
 and both at once (disjoint halves), with the worker's default method (pages) and with
 kvoffload's batch path (cuMemcpyBatchAsync, what vLLM's own worker does); --interference
-repeats them beside the compute loops of bench/interference.py. Without a GPU it
+repeats them beside the compute loops of kvoffload.compute_loop. Without a GPU it
 runs the host path on a small cache and says so. Rows go under "rows" in the JSON.
 """
 
@@ -17,7 +17,7 @@ import json
 import os
 import time
 
-import interference
+from kvoffload import compute_loop
 import numpy as np
 import vllm_env  # noqa: F401  (puts vLLM on sys.path)
 from absl import app, flags
@@ -28,7 +28,7 @@ flags.DEFINE_integer("gpu_blocks", 2048, "GPU blocks per tensor.")
 flags.DEFINE_integer("blocks_per_chunk", 16, "Blocks per CPU chunk.")
 flags.DEFINE_integer("moved_mib", 4096, "Bytes moved per measurement, MiB.")
 flags.DEFINE_list("methods", ["pages", "batch"], "Worker copy methods (the handler's).")
-flags.DEFINE_list("interference", ["model"], "Compute loops (model, gemm; bench/interference.py) "
+flags.DEFINE_list("interference", ["model"], "Compute loops (model, gemm; kvoffload.compute_loop) "
                   "beside which to also run the jobs, reporting the step slowdown.")
 flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the workspace).")
 
@@ -99,7 +99,7 @@ def run(torch, worker, batches, first_id):
 
 
 def beside(torch, loop, worker, batches, first_id, nbytes, alone_seconds):
-    """The jobs while ``loop`` (bench/interference.py) runs; the current stream marks
+    """The jobs while ``loop`` (kvoffload.compute_loop) runs; the current stream marks
     their window, waiting for them through the handler's fence."""
     ids = set()
 
@@ -126,7 +126,7 @@ def main(argv):
     if not gpu:
         print("no GPU: running the host path on a small cache, not the PCIe link")
     rng = np.random.default_rng(0)
-    loops = {w: interference.ComputeLoop(torch, w) for w in FLAGS.interference} if gpu else {}
+    loops = {w: compute_loop.ComputeLoop(torch, w) for w in FLAGS.interference} if gpu else {}
     rows, next_id = [], 0
     for name, (row_bytes, refs) in CACHES.items():
         kv_caches = vllm_cache(torch, row_bytes, refs, blocks, device)
@@ -172,7 +172,7 @@ def main(argv):
         meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
                     device=torch.cuda.get_device_name() if gpu else "cpu", blocks_per_chunk=bpc,
                     gpu_blocks=blocks, moved_mib=moved >> 20,
-                    note="workload: the jobs beside a compute loop (bench/interference.py), step "
+                    note="workload: the jobs beside a compute loop (kvoffload.compute_loop), step "
                          "slowdown against the same sustained loop beside an idle stream. batch = "
                          "cuMemcpyBatchAsync, vLLM's own worker's path.")
         with open(path, "w") as f:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kvoffload as kv
-from kvoffload import auto
+from kvoffload import auto, calibration
 from scatter import POISON
 
 POOL = 64 << 20
@@ -18,25 +18,31 @@ def require_gpu():
     assert torch.cuda.is_available(), "GPU tests need a CUDA device"
 
 
-def test_calibration_is_measured_once_cached_and_keyed_by_machine(tmp_path, monkeypatch):
+def test_calibration_is_measured_on_its_device_once_cached_and_keyed(tmp_path, monkeypatch):
     path = tmp_path / "calibration.json"
     monkeypatch.setenv("KVOFFLOAD_CALIBRATION", str(path))
-    monkeypatch.setattr(auto, "_cached", None)
-    cal = auto.calibration()
-    entry = json.loads(path.read_text())[auto.machine_key()]
-    assert torch.cuda.get_device_name() in cal.key and "driver" in cal.key and "PCIe" in cal.key
+    monkeypatch.setattr(calibration, "_cached", {})
+    real = calibration.measure
+    monkeypatch.setattr(calibration, "measure", lambda d: real(d, moved=64 << 20, pool=256 << 20))
+    device = torch.cuda.device_count() - 1
+    cal = calibration.calibration(device)
+    entry = json.loads(path.read_text())[calibration.device_key(device)]
+    assert torch.cuda.get_device_name(device) in cal.key and "driver" in cal.key and "PCIe" in cal.key
     assert set(entry["rates"]) == {f"{m} {d} {p}" for m in auto.METHODS for d in ("h2d", "d2h")
-                                   for p in auto.PATTERNS}
-    assert all(len(v) == len(auto.SIZES) and min(v) > 0 for v in entry["rates"].values())
-    monkeypatch.setattr(auto, "_cached", None)
-    monkeypatch.setattr(auto, "calibrate", lambda: pytest.fail("measured again"))
-    assert auto.calibration().rates == cal.rates
+                                   for p in calibration.PATTERNS}
+    assert all(len(v) == len(calibration.SIZES) and min(v) > 0 for v in entry["rates"].values())
+    assert set(entry["beside"]) == set(entry["slowdown"]) == {f"{m} {d}" for m in auto.METHODS
+                                                              for d in ("h2d", "d2h")}
+    assert all(len(v) == len(calibration.BESIDE_SIZES) and min(v) > 0 for v in entry["beside"].values())
+    monkeypatch.setattr(calibration, "_cached", {})
+    monkeypatch.setattr(calibration, "measure", lambda d: pytest.fail("measured again"))
+    assert calibration.calibration(device) == cal
 
 
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])
 @pytest.mark.parametrize("block,runs", [(4096, False), (4096, True), (1 << 20, False)])
-@pytest.mark.parametrize("sm_budget", [None, 0])
-def test_auto_copies_are_exact(direction, block, runs, sm_budget):
+@pytest.mark.parametrize("max_slowdown", [None, 0.0, 0.02])
+def test_auto_copies_are_exact_with_the_method_it_chose(direction, block, runs, max_slowdown):
     rng = np.random.default_rng(block + runs)
     host_bytes = rng.integers(0, 256, POOL, dtype=np.uint8)
     host = torch.from_numpy(host_bytes.copy()).pin_memory()
@@ -54,12 +60,14 @@ def test_auto_copies_are_exact(direction, block, runs, sm_budget):
     registry.register_tensor("device", device)
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()
-    result = auto.copy(s, d, np.full(n, block), stream, direction=direction, sm_budget=sm_budget,
+    result = auto.copy(s, d, np.full(n, block), stream, direction=direction, max_slowdown=max_slowdown,
                        registry=registry)
     stream.synchronize()
     want = np.full(POOL, POISON, np.uint8)
     for so, do in zip(src_off, dst_off):
         want[do : do + block] = src_bytes[so : so + block]
     np.testing.assert_array_equal(dst_tensor.cpu().numpy(), want)
-    if sm_budget == 0:
-        assert result.path in ("batch", "per_copy")
+    host_side = h + host.data_ptr()
+    chosen, _ = auto.choose(calibration.calibration(), direction, block,
+                            auto.mean_host_run(host_side, np.full(n, block)), max_slowdown)
+    assert result.path == chosen  # the paths are named as the methods

@@ -5,46 +5,60 @@ import pytest
 import torch
 
 import kvoffload as kv
-from kvoffload import auto
-from kvoffload.auto import Calibration, choose, mean_host_run
+from kvoffload import auto, calibration
+from kvoffload.auto import choose, mean_host_run
+from kvoffload.calibration import Calibration
 
-SIZES = auto.SIZES
+SIZES = calibration.SIZES
+BESIDE = calibration.BESIDE_SIZES
 
 
-def table(**rates):
-    """A calibration where each 'method direction pattern' runs at the given GB/s per size;
-    absent entries run at 1 GB/s."""
+def table(beside=None, slowdown=None, **rates):
+    """A calibration where each 'method direction pattern' runs at the given GB/s per size
+    (absent entries at 1 GB/s), and each 'method direction' beside the model at the given
+    GB/s and step slowdown per beside-size (absent: 1 GB/s, +50%)."""
     full = {f"{m} {d} {p}": [1.0] * len(SIZES)
-            for m in auto.METHODS for d in ("h2d", "d2h") for p in auto.PATTERNS}
+            for m in auto.METHODS for d in ("h2d", "d2h") for p in calibration.PATTERNS}
     full.update({k.replace("__", " "): v for k, v in rates.items()})
-    return Calibration("test machine", SIZES, full)
+    pairs = [f"{m} {d}" for m in auto.METHODS for d in ("h2d", "d2h")]
+    return Calibration("test machine", SIZES, full, BESIDE,
+                       {k: (beside or {}).get(k, [1.0] * len(BESIDE)) for k in pairs},
+                       {k: (slowdown or {}).get(k, [0.5] * len(BESIDE)) for k in pairs})
 
 
-def test_picks_the_fastest_method_at_the_job_size():
+def test_alone_picks_the_fastest_method_at_the_job_size():
     cal = table(batch__h2d__scattered=[2, 5, 40, 50, 54, 55], kernel__h2d__scattered=[30, 44, 48, 50, 50, 50])
-    assert choose(cal, "h2d", 4 << 10, 0)[0] == "kernel"
-    assert choose(cal, "h2d", 2 << 20, 0)[0] == "batch"
-    method, rate = choose(cal, "h2d", 128 << 10, 0)  # between 64 and 256 KiB: log-interpolated
+    assert choose(cal, "h2d", 4 << 10, 0, max_slowdown=None)[0] == "kernel"
+    assert choose(cal, "h2d", 2 << 20, 0, max_slowdown=None)[0] == "batch"
+    method, rate = choose(cal, "h2d", 128 << 10, 0, max_slowdown=None)  # log-interpolated
     assert method == "kernel" and rate == pytest.approx(49.0)
 
 
-def test_staged_uses_the_host_runs_table_only_for_long_runs():
+def test_alone_staged_uses_the_host_runs_table_only_for_long_runs():
     cal = table(staged__d2h__host_runs=[40] * 6, staged__d2h__scattered=[3] * 6, batch__d2h__scattered=[20] * 6)
-    assert choose(cal, "d2h", 4096, auto.RUN_BYTES)[0] == "staged"
-    assert choose(cal, "d2h", 4096, auto.RUN_BYTES - 1)[0] == "batch"
+    assert choose(cal, "d2h", 4096, calibration.RUN_BYTES, max_slowdown=None)[0] == "staged"
+    assert choose(cal, "d2h", 4096, calibration.RUN_BYTES - 1, max_slowdown=None)[0] == "batch"
 
 
-def test_an_sm_budget_leaves_out_methods_that_need_more_ctas():
-    cal = table(kernel__h2d__scattered=[50] * 6, staged__h2d__host_runs=[45] * 6, per_copy__h2d__scattered=[2] * 6)
-    assert choose(cal, "h2d", 4096, 8 << 20)[0] == "kernel"
-    assert choose(cal, "h2d", 4096, 8 << 20, sm_budget=auto.KERNEL_CTAS - 1)[0] == (
-        "staged" if auto.STAGED_CTAS < auto.KERNEL_CTAS else "per_copy")
-    assert choose(cal, "h2d", 4096, 8 << 20, sm_budget=0)[0] == "per_copy"
+def test_the_fastest_beside_the_model_within_the_slowdown_wins():
+    cal = table(beside={"kernel h2d": [40, 45, 50], "staged h2d": [30, 44, 52], "batch h2d": [3, 40, 54]},
+                slowdown={"kernel h2d": [0.05, 0.04, 0.03], "staged h2d": [0.01, 0.01, 0.01],
+                          "batch h2d": [0.0, 0.0, 0.0]})
+    assert choose(cal, "h2d", 4 << 10, 0)[0] == "staged"  # the kernel is faster but costs 5%
+    assert choose(cal, "h2d", 4 << 10, 0, max_slowdown=0.06)[0] == "kernel"
+    assert choose(cal, "h2d", 4 << 10, 0, max_slowdown=0.005)[0] == "batch"
+    assert choose(cal, "h2d", 2 << 20, 0) == ("batch", 54)
+
+
+def test_with_no_method_within_the_slowdown_the_gentlest_wins():
+    cal = table(slowdown={f"{m} d2h": [0.1 + i / 100] * 3 for i, m in enumerate(auto.METHODS)})
+    assert choose(cal, "d2h", 16 << 10, 0)[0] == auto.METHODS[0]
 
 
 def test_sizes_outside_the_table_take_its_ends():
     cal = table(batch__h2d__scattered=[2, 5, 40, 50, 54, 55])
-    assert choose(cal, "h2d", 64, 0)[1] == 2 and choose(cal, "h2d", 1 << 30, 0)[1] == 55
+    assert choose(cal, "h2d", 64, 0, max_slowdown=None)[1] == 2
+    assert choose(cal, "h2d", 1 << 30, 0, max_slowdown=None)[1] == 55
 
 
 def test_mean_host_run_counts_ranges_that_follow_each_other_in_order():
@@ -59,6 +73,8 @@ def test_bad_method_or_direction_raise_before_copying():
         auto.copy([1], [2], [3], direction="up", method="batch", registry=kv.UNCHECKED)
     with pytest.raises(ValueError, match=r"method: expected one of"):
         auto.copy([1], [2], [3], direction="h2d", method="fastest", registry=kv.UNCHECKED)
+    with pytest.raises(ValueError, match=r"max_slowdown: must be >= 0 or None"):
+        auto.copy([1], [2], [3], direction="h2d", max_slowdown=-0.1, registry=kv.UNCHECKED)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
@@ -66,6 +82,6 @@ def test_auto_without_a_gpu_raises_no_cuda_device():
     rng = np.random.default_rng(0)
     src, dst = rng.integers(0, 256, 4096, dtype=np.uint8), np.full(4096, 0xA5, np.uint8)
     for direction in ("h2d", "d2h"):
-        with pytest.raises(kv.NoCudaDeviceError, match=r"method='auto': no CUDA device"):
+        with pytest.raises(kv.NoCudaDeviceError, match=r"no CUDA device"):
             auto.copy([src.ctypes.data], [dst.ctypes.data], [4096], direction=direction, registry=kv.UNCHECKED)
     assert (dst == 0xA5).all()

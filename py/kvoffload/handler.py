@@ -40,7 +40,7 @@ from typing import Hashable, Iterable, Sequence
 
 import numpy as np
 
-from kvoffload import auto
+from kvoffload import auto, calibration
 from kvoffload.descriptor_pool import DescriptorPool
 from kvoffload.host_pool import (HostPool, PoolOptions, chunk_runs, chunks_reach, kv_layout, pool_bytes,
                                  tensor_owners)
@@ -118,17 +118,18 @@ class OffloadHandler:
     for all groups); one tensor may appear in several groups (hybrid models), which then
     share its blocks and its CPU region. page_bytes[g]: bytes moved per block of group
     g's tensors, an int or one per tensor (default: the whole block). host_buffer: a CPU
-    tensor to use (and page-lock) as the pool instead of allocating one; ``pool_bytes`` says how large it must be. host_pool: how
-    the pool is made and pinned otherwise (kvoffload.host_pool.PoolOptions: shared,
-    huge pages, in the background). method: how
-    jobs copy on a GPU. "pages" (the default) and "pages_kernel" send each job as ids
+    tensor to use (and page-lock) as the pool instead of allocating one; ``pool_bytes``
+    says how large it must be. host_pool: how the pool is made and pinned otherwise
+    (kvoffload.host_pool.PoolOptions: shared, huge pages, in the background). method:
+    how jobs copy on a GPU. "pages" (the default) and "pages_kernel" send each job as ids
     and compute its addresses on the GPU (kvoffload.page_table): "pages" moves host runs
     by DMA through a staging ring and scatters or gathers the HBM side with a kernel of
     ``page_ctas`` CTAs, "pages_kernel" has that kernel reach the pool itself. "auto",
     "batch", "per_copy", "kernel" and "staged" plan every page on the host and copy
-    raw pointers (kvoffload.auto), using at most ``sm_budget`` CTAs (None: no limit);
-    with "auto", a machine without a cached calibration is measured here, taking some
-    seconds and 1 GiB each of pinned and device memory for the while.
+    raw pointers (kvoffload.auto); "auto" picks among those the fastest that slows a
+    model beside it by at most ``max_slowdown`` (None: the fastest alone). With "auto", a
+    device without a cached calibration is measured here (kvoffload.calibration), taking
+    about a minute and 1 GiB each of pinned and device memory for the while.
     """
 
     PAGE_METHODS = ("pages", "pages_kernel")
@@ -136,7 +137,7 @@ class OffloadHandler:
     def __init__(self, gpu_tensors: Sequence[Sequence], num_cpu_chunks: int | Sequence[int],
                  blocks_per_chunk: int, *, page_bytes: Sequence[int] | None = None,
                  cpu_layout: str = "chunk_major", host_buffer=None, expedited_loads: bool = False,
-                 method: str = "pages", sm_budget: int | None = None, page_ctas: int = 32,
+                 method: str = "pages", max_slowdown: float | None = auto.MAX_SLOWDOWN, page_ctas: int = 32,
                  host_pool: PoolOptions | None = None):
         import torch
 
@@ -189,8 +190,8 @@ class OffloadHandler:
         self._gpu_kind = "device" if on_gpu else "host"
         lanes = ["store", "load"] + (["expedited"] if expedited_loads else [])
         if on_gpu and method == "auto":
-            auto.calibration()  # loaded, or measured now (seconds) rather than in the first job
-        self._method, self._sm_budget, self._page_ctas = method, sm_budget, page_ctas
+            calibration.calibration(device.index)  # loaded, or measured now, not in the first job
+        self._method, self._max_slowdown, self._page_ctas = method, max_slowdown, page_ctas
         self._table = page_table(self.layout)  # checks every job's ids and keys it
         self._pages = None
         if on_gpu and method in self.PAGE_METHODS:
@@ -296,7 +297,7 @@ class OffloadHandler:
                 copy = functools.partial(host_copy, *rows, registry=UNCHECKED)
             else:
                 copy = functools.partial(auto.copy, *rows, direction="h2d" if load else "d2h",
-                                         method=self._method, sm_budget=self._sm_budget,
+                                         method=self._method, max_slowdown=self._max_slowdown,
                                          order=order, registry=UNCHECKED)
         try:
             job.handle = self._lanes.submit(job.lane, copy, [w.handle for w in waits],

@@ -13,7 +13,7 @@ from kvoffload.vllm.worker import KVOffloadWorker
 logger = logging.getLogger(__name__)
 
 # kv_connector_extra_config keys read here; anything else goes to vLLM's spec.
-HANDLER_OPTIONS = {"kvoffload_method": "method", "kvoffload_sm_budget": "sm_budget",
+HANDLER_OPTIONS = {"kvoffload_method": "method", "kvoffload_max_slowdown": "max_slowdown",
                    "kvoffload_cpu_layout": "cpu_layout"}
 
 

@@ -1,0 +1,222 @@
+"""What each raw-pointer copy method achieves on this machine, alone and beside a model.
+
+For every method (kvoffload.auto.METHODS), direction and block size (4 KiB to 2 MiB) it
+times the method alone, with the host side scattered and in runs; at a few sizes it
+also runs the method beside the Llama-shaped layer loop of kvoffload.compute_loop and
+records its rate there and the loop's step slowdown. Measured on the device it
+describes, cached in a JSON file ($KVOFFLOAD_CALIBRATION, else
+~/.cache/kvoffload/calibration.json) under that device's name, driver, PCIe link and
+bus id, written atomically under a lock, and measured again by
+
+    python -m kvoffload.calibration --recalibrate [--device N]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import functools
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from kvoffload.batch_copy import NoCudaDeviceError
+from kvoffload.registry import UNCHECKED
+
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20]
+BESIDE_SIZES = [4 << 10, 64 << 10, 2 << 20]
+PATTERNS = ("scattered", "host_runs")
+RUN_BYTES = 256 << 10
+FORMAT = 2  # entries of another format are measured again
+
+
+def path() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("KVOFFLOAD_CALIBRATION",
+                                       pathlib.Path.home() / ".cache/kvoffload/calibration.json"))
+
+
+@functools.cache
+def device_key(device: int) -> str:
+    """The GPU's name, driver, PCIe link and bus id, as nvidia-smi reports them."""
+    import torch
+
+    fields = "driver_version,pcie.link.gen.max,pcie.link.width.max,pci.bus_id"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader",
+                              "-i", str(device)], capture_output=True, text=True, check=True).stdout
+        driver, gen, width, bus = (f.strip() for f in out.strip().split(","))
+        where = f"driver {driver} | PCIe gen{gen} x{width} | {bus}"
+    except (OSError, subprocess.CalledProcessError, ValueError):
+        where = f"unknown driver and link | device {device}"
+    return f"{torch.cuda.get_device_name(device)} | {where}"
+
+
+@dataclasses.dataclass
+class Calibration:
+    key: str
+    sizes: list[int]
+    rates: dict[str, list[float]]  # "method direction pattern" -> GB/s alone, per size
+    beside_sizes: list[int] = dataclasses.field(default_factory=list)
+    beside: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # "method direction" -> GB/s
+    slowdown: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # "method direction"
+
+    def rate(self, method: str, direction: str, pattern: str, copy_bytes: float) -> float:
+        return _interpolate(self.sizes, self.rates[f"{method} {direction} {pattern}"], copy_bytes)
+
+    def rate_beside(self, method: str, direction: str, copy_bytes: float) -> float:
+        return _interpolate(self.beside_sizes, self.beside[f"{method} {direction}"], copy_bytes)
+
+    def slowdown_of(self, method: str, direction: str, copy_bytes: float) -> float:
+        return _interpolate(self.beside_sizes, self.slowdown[f"{method} {direction}"], copy_bytes)
+
+
+def _interpolate(sizes, values, at) -> float:
+    """Log-interpolated in size; sizes outside the table take its ends."""
+    x = np.log2(np.clip(at, sizes[0], sizes[-1]))
+    return float(np.interp(x, np.log2(sizes), values))
+
+
+def _offsets(rng, pool, block, n, pattern):
+    """n distinct block offsets in a pool: at random, or in runs of RUN_BYTES at random."""
+    if pattern == "scattered":
+        return rng.permutation(pool // block)[:n].astype(np.int64) * block
+    per_run = max(1, RUN_BYTES // block)
+    runs = rng.permutation(pool // (per_run * block))[: -(-n // per_run)]
+    i = np.arange(n, dtype=np.int64)
+    return runs[i // per_run].astype(np.int64) * per_run * block + (i % per_run) * block
+
+
+def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bool = True) -> Calibration:
+    """Times every method on ``device``; some seconds alone, about a minute beside."""
+    import torch
+
+    from kvoffload import auto, compute_loop
+
+    with torch.cuda.device(device):
+        rng = np.random.default_rng(0)
+        host = torch.empty(pool, dtype=torch.uint8, pin_memory=True)
+        gpu = torch.empty(pool, dtype=torch.uint8, device=device)
+        stream = torch.cuda.Stream(device)
+
+        def copies(method, direction, block, pattern):
+            n = moved // block
+            g = _offsets(rng, pool, block, n, "scattered") + gpu.data_ptr()
+            h = _offsets(rng, pool, block, n, pattern) + host.data_ptr()
+            s, d = (h, g) if direction == "h2d" else (g, h)
+            sizes = np.full(n, block, dtype=np.int64)
+            # Addresses made above inside its own buffers.
+            return lambda: auto.run_method(method, s, d, sizes, stream, direction, registry=UNCHECKED)
+
+        def seconds(copy):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            copy()
+            stream.synchronize()
+            return time.perf_counter() - start
+
+        cal = Calibration(device_key(device), SIZES, {}, BESIDE_SIZES if beside else [])
+        for pattern in PATTERNS:
+            for direction in ("h2d", "d2h"):
+                for method in auto.METHODS:
+                    cal.rates[f"{method} {direction} {pattern}"] = [
+                        moved / min(seconds(copies(method, direction, b, pattern)) for _ in range(2)) / 1e9
+                        for b in SIZES]
+        if beside:
+            loop = compute_loop.ComputeLoop(torch, "model", f"cuda:{device}")
+            for direction in ("h2d", "d2h"):
+                for method in auto.METHODS:
+                    rates, slowdowns = [], []
+                    for block in BESIDE_SIZES:
+                        pattern = "host_runs" if method == "staged" else "scattered"
+                        copy = copies(method, direction, block, pattern)
+                        alone = seconds(copy)
+                        got = loop.beside(stream, lambda: [copy() for _ in range(4)], 4 * moved, 4 * alone)
+                        # Not covered by a loop 20 times its time alone: as good as stopped.
+                        rates.append(got.gb_per_s if got else moved / alone / 1e9 / 20)
+                        slowdowns.append(got.step_slowdown if got else 1.0)
+                    cal.beside[f"{method} {direction}"] = rates
+                    cal.slowdown[f"{method} {direction}"] = slowdowns
+        return cal
+
+
+_lock = threading.Lock()
+_cached: dict[str, Calibration] = {}
+
+
+@contextlib.contextmanager
+def _file_lock(file: pathlib.Path):
+    """Other processes calibrating into the same file wait for this one."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    with open(file.with_suffix(file.suffix + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _read(file: pathlib.Path) -> dict:
+    try:
+        return json.loads(file.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def _write(file: pathlib.Path, entries: dict) -> None:
+    """Readers see the old file or the new one, never a part."""
+    fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=file.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(entries, f, indent=1)
+    os.replace(tmp, file)
+
+
+def calibration(device: int | None = None, recalibrate: bool = False) -> Calibration:
+    """``device``'s calibration (default: the current device): cached in this process,
+    else from the file, else measured on that device and saved."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise NoCudaDeviceError("method='auto': no CUDA device to calibrate on")
+    device = torch.cuda.current_device() if device is None else int(device)
+    key = device_key(device)
+    with _lock:
+        if key in _cached and not recalibrate:
+            return _cached[key]
+        file = path()
+        with _file_lock(file):
+            entry = _read(file).get(key)
+            if entry and entry.get("format") == FORMAT and not recalibrate:
+                entry.pop("format")
+                cal = Calibration(**entry)
+            else:
+                cal = measure(device)
+                entries = _read(file)
+                entries[key] = dict(dataclasses.asdict(cal), format=FORMAT)
+                _write(file, entries)
+        _cached[key] = cal
+        return cal
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] != "--recalibrate" or len(argv) not in (1, 3) or (
+            len(argv) == 3 and argv[1] != "--device"):
+        sys.exit("usage: python -m kvoffload.calibration --recalibrate [--device N]")
+    cal = calibration(int(argv[2]) if len(argv) == 3 else None, recalibrate=True)
+    print(f"{cal.key}: written to {path()}")
+    for name, table in cal.rates.items():
+        print(f"{name:<28}" + " ".join(f"{r:6.1f}" for r in table))
+    for name, table in cal.beside.items():
+        print(f"{name + ' beside model':<28}" + " ".join(
+            f"{r:6.1f} ({s:+.1%})" for r, s in zip(table, cal.slowdown[name])))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
