@@ -111,6 +111,15 @@ PageLayout::PageLayout(std::vector<TensorRef> refs, const std::vector<int64_t>& 
   }
 }
 
+void PageLayout::set_host_breaks(std::vector<int64_t> breaks) {
+  std::sort(breaks.begin(), breaks.end());
+  host_breaks_ = std::move(breaks);
+}
+
+bool PageLayout::host_break(int64_t address) const {
+  return std::binary_search(host_breaks_.begin(), host_breaks_.end(), address);
+}
+
 int64_t ChunksUsed(int64_t blocks, int64_t first_index, int64_t blocks_per_chunk) {
   if (blocks == 0) return 0;
   return (blocks + first_index % blocks_per_chunk + blocks_per_chunk - 1) / blocks_per_chunk;
@@ -273,7 +282,8 @@ void SliceHostRuns(const PageLayout& layout, const std::vector<Segment>& segment
     if (from >= slice.end_byte) break;
     if (to <= from) continue;
     const int64_t host = seg.host + (from - seg.first_byte);
-    if (!out.size.empty() && out.host.back() + out.size.back() == host) {
+    if (!out.size.empty() && out.host.back() + out.size.back() == host &&
+        !layout.host_break(host)) {
       out.size.back() += to - from;
     } else {
       out.host.push_back(host);

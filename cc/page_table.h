@@ -36,6 +36,11 @@ class PageLayout {
   // Bytes from ref r's base to the end of its last block (GPU) or chunk (CPU).
   int64_t gpu_span(int64_t r) const { return gpu_span_[r]; }
   int64_t cpu_span(int64_t r) const { return cpu_span_[r]; }
+  // Host addresses where one page-locked registration ends and another begins (a DMA
+  // may not span two: cuMemcpyBatchAsync rejects such a copy). Host runs are not merged
+  // across them.
+  void set_host_breaks(std::vector<int64_t> breaks);
+  bool host_break(int64_t address) const;
 
  private:
   std::vector<TensorRef> refs_;
@@ -43,6 +48,7 @@ class PageLayout {
   std::vector<int64_t> gpu_blocks_, cpu_chunks_;
   std::vector<uint8_t> chunk_major_;
   std::vector<int64_t> gpu_span_, cpu_span_;
+  std::vector<int64_t> host_breaks_;  // sorted
   int64_t blocks_per_chunk_;
 };
 

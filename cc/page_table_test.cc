@@ -123,11 +123,15 @@ std::map<std::pair<int64_t, int64_t>, int64_t> ReferencePages(const RandomCase& 
 void TestUnitsMatchReference(std::mt19937_64& rng) {
   for (int trial = 0; trial < 300; ++trial) {
     const RandomCase c = MakeCase(rng);
-    const PageLayout layout(c.refs, c.group_refs, c.gpu_blocks, c.cpu_chunks, c.bpc);
+    PageLayout layout(c.refs, c.group_refs, c.gpu_blocks, c.cpu_chunks, c.bpc);
     const PageJob job = JobOf(c);
     ValidateJob(layout, job);
     std::vector<Segment> segments;
     const int64_t units = BuildSegments(layout, job, segments);
+    // Registration edges at some segments' starts: no host run may cross one.
+    std::vector<int64_t> breaks;
+    for (size_t k = 0; k < segments.size(); k += 3) breaks.push_back(segments[k].host);
+    layout.set_host_breaks(breaks);
     std::vector<int64_t> gpu, host, size;
     UnitCopies(layout, c.block_ids.data(), segments, units, gpu, host, size);
     std::vector<std::array<int64_t, 3>> got, want;
@@ -181,6 +185,7 @@ void TestUnitsMatchReference(std::mt19937_64& rng) {
         EXPECT(r.slot[i] == slot_at);
         slot_at += r.size[i];
         runs.push_back({r.host[i], r.size[i]});
+        for (int64_t b : breaks) EXPECT(!(r.host[i] < b && b < r.host[i] + r.size[i]));
         run_bytes += r.size[i];
       }
       EXPECT(slot_at == s.end_byte - s.first_byte);

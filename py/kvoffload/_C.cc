@@ -469,9 +469,11 @@ nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> ToNumpy(std::vector<int64_t> values
 class PyPageTable {
  public:
   PyPageTable(nb::handle refs, nb::handle group_refs, nb::handle gpu_blocks,
-              nb::handle cpu_chunks, int64_t blocks_per_chunk)
+              nb::handle cpu_chunks, int64_t blocks_per_chunk, nb::handle host_breaks)
       : layout_(Refs(refs), Vector(group_refs, "group_refs"), Vector(gpu_blocks, "gpu_blocks"),
-                Vector(cpu_chunks, "cpu_chunks"), blocks_per_chunk) {}
+                Vector(cpu_chunks, "cpu_chunks"), blocks_per_chunk) {
+    layout_.set_host_breaks(Vector(host_breaks, "host_breaks"));
+  }
 
   void Check(const JobIds& ids) const { ValidateJob(layout_, ids.Job()); }
 
@@ -633,9 +635,9 @@ NB_MODULE(_C, m) {
   m.attr("MAX_HOST_THREADS") = kMaxHostThreads;
   nb::class_<PyPageTable>(m, "PageTable",
                           "Every KV-cache group's tensors and the CPU pool, for jobs named by ids.")
-      .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, int64_t>(), nb::arg("refs"),
-           nb::arg("group_refs"), nb::arg("gpu_blocks"), nb::arg("cpu_chunks"),
-           nb::arg("blocks_per_chunk"))
+      .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, int64_t, nb::handle>(),
+           nb::arg("refs"), nb::arg("group_refs"), nb::arg("gpu_blocks"), nb::arg("cpu_chunks"),
+           nb::arg("blocks_per_chunk"), nb::arg("host_breaks") = nb::tuple())
       .def(
           "check",
           [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i) {

@@ -192,7 +192,8 @@ class OffloadHandler:
         if on_gpu and method == "auto":
             calibration.calibration(device.index)  # loaded, or measured now, not in the first job
         self._method, self._max_slowdown, self._page_ctas = method, max_slowdown, page_ctas
-        self._table = page_table(self.layout)  # checks every job's ids and keys it
+        # Checks every job's ids and keys it; for page methods also copies.
+        self._table = page_table(self.layout, self.pool.registration_edges)
         self._pages = None
         if on_gpu and method in self.PAGE_METHODS:
             # Every page a job names lies inside these extents, checked once here; a job

@@ -422,6 +422,11 @@ class HostPool:
         if not self._wait_for(reach):
             raise PoolNotReadyError(f"job {job_id!r}: the host pool was released")
 
+    @property
+    def registration_edges(self) -> np.ndarray:
+        """Addresses where one of the pool's registrations ends and the next begins."""
+        return self._edges
+
     def split_plan(self, plan: TransferPlan) -> TransferPlan:
         """``plan`` with its copies cut where two of the pool's registrations meet."""
         cpu, gpu, sizes = split_at(self._edges, plan.cpu, plan.gpu, plan.sizes)

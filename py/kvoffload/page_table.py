@@ -20,13 +20,16 @@ PageTable = _C.PageTable
 UNIT_BYTES = _C.PAGE_UNIT_BYTES
 
 
-def page_table(layout: KVLayout) -> PageTable:
-    """The layout's tensors as a PageTable (validated again there: no extent may wrap)."""
+def page_table(layout: KVLayout, host_breaks=()) -> PageTable:
+    """The layout's tensors as a PageTable (validated again there: no extent may wrap).
+    host_breaks: host addresses where one page-locked registration of the pool ends and
+    the next begins; no DMA crosses them."""
     refs = np.array([[t.gpu_base, t.gpu_stride, t.page_bytes, t.cpu_base, t.cpu_stride]
                      for group in layout.groups for t in group.tensors], dtype=np.int64).reshape(-1, 5)
     return PageTable(refs, [len(g.tensors) for g in layout.groups],
                      [g.num_gpu_blocks for g in layout.groups],
-                     [g.num_cpu_chunks for g in layout.groups], layout.blocks_per_chunk)
+                     [g.num_cpu_chunks for g in layout.groups], layout.blocks_per_chunk,
+                     np.asarray(host_breaks, dtype=np.int64))
 
 
 def job_arguments(gpu: GPUSpec, cpu: CPUSpec) -> tuple:
