@@ -13,19 +13,20 @@ from vllm_cache import CASES, VllmCache, finish, round_trip
 from vllm.v1.kv_offload.base import GPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
+from kvoffload import _C
 from kvoffload.vllm import KVOffloadWorker
 
 SLEEP_CYCLES = 2_000_000  # about 1 ms of GPU time queued before each write
 
 
-@pytest.mark.parametrize("method", ["auto", "batch", "kernel"])
+@pytest.mark.parametrize("method", ["pages", "auto", "batch", "kernel"])
 @pytest.mark.parametrize("case", CASES.keys())
 def test_store_then_load_in_two_jobs_round_trips(case, method):
     rng = np.random.default_rng(0)
     rows, refs, n, bpc = CASES[case]
     worker = round_trip(rng, VllmCache(rng, rows, refs, num_blocks=256, device="cuda"), bpc,
                         num_chunks=160, n=[4 * k for k in n], method=method)
-    assert worker.handler.pool.tensor.is_pinned()
+    assert _C.is_pinned_host(worker.handler.pool.base)
 
 
 def test_a_store_sees_what_the_compute_stream_wrote_and_times_are_gpu_times():
