@@ -30,5 +30,8 @@ class LastWriters:
         if not failed or len(keys) == 0:
             return None
         seqs = self._seq[self._index(keys)]
-        hit = np.isin(seqs, np.fromiter(failed, dtype=np.int64, count=len(failed)))
+        numbers = np.fromiter(failed, dtype=np.int64, count=len(failed))
+        # A lookup table over the failed stores' numbers: one pass, no sort of seqs.
+        kind = "table" if numbers.max() - numbers.min() < (1 << 24) else None
+        hit = np.isin(seqs, numbers, kind=kind)
         return failed[int(seqs[np.argmax(hit)])] if hit.any() else None
