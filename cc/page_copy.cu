@@ -135,8 +135,7 @@ void StagedPageCopy(const DevicePageTable& table, const PageJob& job, bool load,
 
   StagingRing& ring = StagingRing::For(device, load, options.slot_bytes, options.slots);
   std::lock_guard<std::mutex> lock(ring.mutex());
-  ring.Begin(stream);
-  try {
+  ring.Run(stream, [&] {
     const JobUpload upload(job.block_ids, job.num_block_ids, segments, ring.kernel_stream());
     const int64_t count = static_cast<int64_t>(segments.size());
     for (size_t i = 0; i < slices.size(); ++i) {
@@ -154,15 +153,7 @@ void StagedPageCopy(const DevicePageTable& table, const PageJob& job, bool load,
       }
       result.driver_calls += 2;
     }
-  } catch (...) {
-    // What was enqueued still runs: the caller's stream must still wait for it.
-    try {
-      ring.End(stream);
-    } catch (...) {
-    }
-    throw;
-  }
-  ring.End(stream);
+  });
 }
 
 }  // namespace

@@ -148,8 +148,7 @@ CopyResult StagedCopy(const CopyBatch& batch, bool host_is_src, cudaStream_t str
   StagingRing& ring =
       StagingRing::For(guard.device(), host_is_src, options.slot_bytes, options.slots);
   std::lock_guard<std::mutex> lock(ring.mutex());
-  ring.Begin(stream);
-  try {
+  ring.Run(stream, [&] {
     for (Slice& slice : slices) {
       const StagingRing::Slot slot = ring.Next();
       Relocate(slice, slot.address, host_is_src);
@@ -160,15 +159,7 @@ CopyResult StagedCopy(const CopyBatch& batch, bool host_is_src, cudaStream_t str
           [&](cudaStream_t s) { load ? Kernel(slice, options.max_ctas, s) : Dma(slice, s); });
       ++result.driver_calls;
     }
-  } catch (...) {
-    // What was enqueued still runs: the caller's stream must still wait for it.
-    try {
-      ring.End(stream);
-    } catch (...) {
-    }
-    throw;
-  }
-  ring.End(stream);
+  });
   return result;
 }
 

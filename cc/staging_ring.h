@@ -18,15 +18,28 @@ namespace kvoffload {
 class StagingRing {
  public:
   // The ring of `device` (current) for one direction and geometry, made on first use
-  // and kept. Hold mutex() from Begin() to End().
+  // and kept. Hold mutex() around Run().
   static StagingRing& For(int device, bool load, int64_t slot_bytes, int slots);
 
   std::mutex& mutex() { return mutex_; }
 
-  // Both streams start after the work queued on `caller` so far.
-  void Begin(cudaStream_t caller);
-  // `caller` waits for everything the ring enqueued since Begin().
-  void End(cudaStream_t caller);
+  // Both streams start after the work queued on `caller` so far, body() stages slices,
+  // then `caller` waits for everything the ring enqueued, also when body() throws (what
+  // was enqueued still runs).
+  template <typename Body>
+  void Run(cudaStream_t caller, Body body) {
+    Begin(caller);
+    try {
+      body();
+    } catch (...) {
+      try {
+        End(caller);
+      } catch (...) {
+      }
+      throw;
+    }
+    End(caller);
+  }
 
   struct Slot {
     int index;
@@ -58,6 +71,9 @@ class StagingRing {
   StagingRing& operator=(const StagingRing&) = delete;
 
  private:
+  void Begin(cudaStream_t caller);
+  void End(cudaStream_t caller);
+
   std::mutex mutex_;
   int64_t slot_bytes_;
   int slots_;

@@ -2,7 +2,6 @@
 between canary bytes: each call raises before copying or copies exactly, and no byte
 outside the registered buffers changes."""
 
-import concurrent.futures
 
 import numpy as np
 import pytest
@@ -11,7 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import kvoffload as kv
 from canary import TorchGuardedBuffer
-from hostile import copied, ids, jobs, mapping_is_valid, run_jobs, submit_jobs
+from hostile import copied, ids, jobs, mapping_is_valid, run_jobs, run_jobs_from_two_threads
 from kvoffload.handler import OffloadHandler
 from scale import scaled
 
@@ -143,11 +142,5 @@ def test_the_handler_on_the_gpu_with_hostile_jobs_from_two_threads(first, second
     guard = TorchGuardedBuffer(torch, 2 * 6 * 4096, "device")
     gpu = [[guard.tensor[t * 6 * 4096 : (t + 1) * 6 * 4096].view(6, 4096) for t in range(2)]]
     handler = OffloadHandler(gpu, 4, 2, method=method)
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        submitted = [pool.submit(submit_jobs, handler, hostile, prefix) for prefix, hostile in ((0, first), (1, second))]
-        ids = sum((s.result() for s in submitted), [])
-    handler.wait(ids)
-    results = handler.get_finished()
-    assert sorted(r.job_id for r in results) == sorted(ids) and all(r.success for r in results)
-    handler.shutdown()
+    run_jobs_from_two_threads(handler, first, second)
     assert guard.canaries_intact()

@@ -2,7 +2,6 @@
 canaries: each call either raises before copying or copies exactly, and nothing outside
 the caller's buffers changes."""
 
-import concurrent.futures
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ import kvoffload as kv
 from kvoffload.handler import OffloadHandler
 from kvoffload.planner import CPUSpec, GPUSpec, KVLayout, plan_transfer
 from canary import GuardedBuffer
-from hostile import copied, ids, jobs, mapping_is_valid, run_jobs, submit_jobs
+from hostile import copied, ids, jobs, mapping_is_valid, run_jobs, run_jobs_from_two_threads
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -221,10 +220,4 @@ def test_host_copy_sizes_that_wrap_int64_are_refused_before_copying(small, huge,
 def test_handler_with_hostile_jobs_from_two_threads(first, second):
     gpu = [[torch.zeros((6, 64), dtype=torch.uint8) for _ in range(2)]]
     handler = OffloadHandler(gpu, 4, 2)
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        submitted = [pool.submit(submit_jobs, handler, hostile, prefix) for prefix, hostile in ((0, first), (1, second))]
-        ids = sum((s.result() for s in submitted), [])
-    handler.wait(ids)
-    results = handler.get_finished()
-    assert sorted(r.job_id for r in results) == sorted(ids) and all(r.success for r in results)
-    handler.shutdown()
+    run_jobs_from_two_threads(handler, first, second)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+
 from hypothesis import strategies as st
 
 from kvoffload.planner import CPUSpec, GPUSpec
@@ -35,6 +37,19 @@ def run_jobs(handler, hostile_jobs) -> None:
     handler.wait(submitted)
     results = handler.get_finished()
     assert sorted(r.job_id for r in results) == submitted and all(r.success for r in results)
+    handler.shutdown()
+
+
+def run_jobs_from_two_threads(handler, first, second) -> None:
+    """Submits two lists of jobs from two threads at once, as run_jobs checks one list.
+    Shuts the handler down."""
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        submitted = [pool.submit(submit_jobs, handler, hostile, prefix)
+                     for prefix, hostile in ((0, first), (1, second))]
+        job_ids = sum((s.result() for s in submitted), [])
+    handler.wait(job_ids)
+    results = handler.get_finished()
+    assert sorted(r.job_id for r in results) == sorted(job_ids) and all(r.success for r in results)
     handler.shutdown()
 
 
