@@ -84,10 +84,10 @@ def finish(worker, job_ids, started, timeout=60.0):
     return results
 
 
-def round_trip(rng, cache, bpc, num_chunks, n, **options):
+def round_trip(rng, cache, bpc, num_chunks, n, before_shutdown=None, **options):
     """Stores n random blocks of every non-empty group at a logical index inside a chunk,
     poisons other blocks and loads the chunks back into them in two jobs split at a random
-    block: the bytes, sizes and times must be right."""
+    block: the bytes, sizes and times must be right. before_shutdown(worker) runs last."""
     worker = KVOffloadWorker(cache.kv_caches, bpc, num_chunks, **options)
     groups, num_blocks = len(cache.refs), cache.tensors[0].shape[0]
     # Block ids are unique across groups, as in vLLM's one block pool; so are chunk ids.
@@ -130,6 +130,8 @@ def round_trip(rng, cache, bpc, num_chunks, n, **options):
             rows = torch.as_tensor(dst[g])
             assert torch.equal(cache.tensors[i].cpu()[rows, page:], after_store[i].cpu()[rows, page:]), \
                 f"group {g} tensor {i}: a load wrote past the unpadded page"
+    if before_shutdown is not None:
+        before_shutdown(worker)
     worker.shutdown()
     return worker
 

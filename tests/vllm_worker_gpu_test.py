@@ -24,9 +24,11 @@ SLEEP_CYCLES = 2_000_000  # about 1 ms of GPU time queued before each write
 def test_store_then_load_in_two_jobs_round_trips(case, method):
     rng = np.random.default_rng(0)
     rows, refs, n, bpc = CASES[case]
-    worker = round_trip(rng, VllmCache(rng, rows, refs, num_blocks=256, device="cuda"), bpc,
-                        num_chunks=160, n=[4 * k for k in n], method=method)
-    assert _C.is_pinned_host(worker.handler.pool.base)
+    pinned = []
+    round_trip(rng, VllmCache(rng, rows, refs, num_blocks=256, device="cuda"), bpc,
+               num_chunks=160, n=[4 * k for k in n], method=method,
+               before_shutdown=lambda w: pinned.append(_C.is_pinned_host(w.handler.pool.base)))
+    assert pinned == [True], "the worker's pool is not pinned"
 
 
 def test_a_store_sees_what_the_compute_stream_wrote_and_times_are_gpu_times():

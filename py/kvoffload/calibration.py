@@ -18,6 +18,7 @@ import dataclasses
 import fcntl
 import functools
 import json
+import math
 import os
 import pathlib
 import subprocess
@@ -138,7 +139,10 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
                         pattern = "host_runs" if method == "staged" else "scattered"
                         copy = copies(method, direction, block, pattern)
                         alone = seconds(copy)
-                        got = loop.beside(stream, lambda: [copy() for _ in range(4)], 4 * moved, 4 * alone)
+                        # Enough copies back to back that whole compute steps lie inside.
+                        reps = max(4, math.ceil(4 * loop.step_seconds / alone))
+                        got = loop.beside(stream, lambda: [copy() for _ in range(reps)], reps * moved,
+                                          reps * alone)
                         # Not covered by a loop 20 times its time alone: as good as stopped.
                         rates.append(got.gb_per_s if got else moved / alone / 1e9 / 20)
                         slowdowns.append(got.step_slowdown if got else 1.0)
