@@ -204,22 +204,33 @@ int64_t BuildSegments(const PageLayout& layout, const PageJob& job, std::vector<
   return units;
 }
 
-void JobKeys(const PageLayout& layout, const PageJob& job, const int64_t* gpu_alias,
-             const int64_t* cpu_alias, std::vector<int64_t>& gpu, std::vector<int64_t>& cpu) {
+void JobKeys(const PageLayout& layout, const PageJob& job, const int64_t* gpu_offset,
+             const int64_t* cpu_offset, std::vector<int64_t>& gpu, std::vector<int64_t>& cpu) {
   const int64_t bpc = layout.blocks_per_chunk();
   gpu.resize(job.num_block_ids);
   cpu.resize(job.num_block_ids);
-  int64_t block_at = 0, chunk_at = 0;
+  int64_t* gpu_out = gpu.data();
+  int64_t* cpu_out = cpu.data();
+  const int64_t* block = job.block_ids;
+  const int64_t* chunk = job.chunk_ids;
   for (int64_t g = 0; g < job.groups; ++g) {
-    const int64_t n = job.group_sizes[g], skip = job.block_indices[g] % bpc;
-    const int64_t gpu_tag = gpu_alias[g] << 40, cpu_tag = cpu_alias[g] << 40;
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t position = skip + i;
-      gpu[block_at + i] = gpu_tag | job.block_ids[block_at + i];
-      cpu[block_at + i] = cpu_tag | (job.chunk_ids[chunk_at + position / bpc] * bpc + position % bpc);
+    const int64_t n = job.group_sizes[g];
+    const int64_t gpu_base = gpu_offset[g];
+    for (int64_t i = 0; i < n; ++i) gpu_out[i] = gpu_base + block[i];
+    // Chunk k holds sub-blocks [skip or 0, bpc) of the group's blocks, one after another.
+    int64_t sub = job.block_indices[g] % bpc, left = n;
+    const int64_t used = ChunksUsed(n, job.block_indices[g], bpc);
+    for (int64_t k = 0; k < used; ++k) {
+      const int64_t first = cpu_offset[g] + chunk[k] * bpc;
+      const int64_t count = std::min(bpc - sub, left);
+      for (int64_t s = 0; s < count; ++s) cpu_out[s] = first + sub + s;
+      cpu_out += count;
+      left -= count;
+      sub = 0;
     }
-    block_at += n;
-    chunk_at += ChunksUsed(n, job.block_indices[g], bpc);
+    gpu_out += n;
+    block += n;
+    chunk += used;
   }
 }
 

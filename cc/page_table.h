@@ -97,12 +97,12 @@ struct HostRuns {
 void SliceHostRuns(const PageLayout& layout, const std::vector<Segment>& segments,
                    const PageSlice& slice, HostRuns& out);
 
-// The keys of what a (validated) job touches, for conflict tracking: per block
-// (gpu_alias[g] << 40) | block id, and per block its CPU sub-block,
-// (cpu_alias[g] << 40) | chunk id * blocks_per_chunk + sub-block. Groups that share
-// tensors share an alias.
-void JobKeys(const PageLayout& layout, const PageJob& job, const int64_t* gpu_alias,
-             const int64_t* cpu_alias, std::vector<int64_t>& gpu, std::vector<int64_t>& cpu);
+// Where a (validated) job's bytes lie, for conflict tracking: per block, its index in a
+// flat numbering of every GPU block, gpu_offset[g] + block id, and of every CPU
+// sub-block, cpu_offset[g] + chunk id * blocks_per_chunk + sub-block. Groups that share
+// tensors share an offset.
+void JobKeys(const PageLayout& layout, const PageJob& job, const int64_t* gpu_offset,
+             const int64_t* cpu_offset, std::vector<int64_t>& gpu, std::vector<int64_t>& cpu);
 
 // The reference: every unit's (GPU address, host address, bytes), in unit order.
 void UnitCopies(const PageLayout& layout, const int64_t* block_ids,

@@ -150,17 +150,20 @@ void TestUnitsMatchReference(std::mt19937_64& rng) {
     std::sort(want.begin(), want.end());
     EXPECT(got == want);
 
-    // Keys: per block, its tagged id and its tagged CPU sub-block.
-    std::vector<int64_t> tags(c.group_sizes.size()), gpu_keys, cpu_keys;
-    std::iota(tags.begin(), tags.end(), 7);
-    JobKeys(layout, job, tags.data(), tags.data(), gpu_keys, cpu_keys);
+    // Keys: per block, its flat GPU index and its flat CPU sub-block index.
+    std::vector<int64_t> gpu_offset(c.group_sizes.size()), cpu_offset(c.group_sizes.size());
+    for (auto& o : gpu_offset) o = static_cast<int64_t>(rng() % 1000);
+    for (auto& o : cpu_offset) o = static_cast<int64_t>(rng() % 1000);
+    std::vector<int64_t> gpu_keys, cpu_keys;
+    JobKeys(layout, job, gpu_offset.data(), cpu_offset.data(), gpu_keys, cpu_keys);
+    EXPECT(gpu_keys.size() == c.block_ids.size() && cpu_keys.size() == c.block_ids.size());
     int64_t block_at = 0, chunk_at = 0;
     for (size_t g = 0; g < c.group_sizes.size(); ++g) {
       for (int64_t i = 0; i < c.group_sizes[g]; ++i) {
         const int64_t position = c.block_indices[g] % c.bpc + i;
-        EXPECT(gpu_keys[block_at + i] == (tags[g] << 40 | c.block_ids[block_at + i]));
+        EXPECT(gpu_keys[block_at + i] == gpu_offset[g] + c.block_ids[block_at + i]);
         EXPECT(cpu_keys[block_at + i] ==
-               (tags[g] << 40 | (c.chunk_ids[chunk_at + position / c.bpc] * c.bpc + position % c.bpc)));
+               cpu_offset[g] + c.chunk_ids[chunk_at + position / c.bpc] * c.bpc + position % c.bpc);
       }
       block_at += c.group_sizes[g];
       chunk_at += ChunksUsed(c.group_sizes[g], c.block_indices[g], c.bpc);

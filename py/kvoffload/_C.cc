@@ -465,6 +465,14 @@ nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> ToNumpy(std::vector<int64_t> values
   return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(owned->data(), {owned->size()}, owner);
 }
 
+// A job's ids as PageTable.prepare copied and checked them: its keys and its copy read
+// this one snapshot, whatever the caller does to its arrays afterwards. Immutable.
+struct PreparedJob {
+  PreparedJob(JobIds checked, const void* checked_by) : ids(std::move(checked)), table(checked_by) {}
+  const JobIds ids;
+  const void* table;  // the PageTable whose layout checked the ids
+};
+
 // A PageLayout, uploaded to each device on its first copy there.
 class PyPageTable {
  public:
@@ -478,15 +486,15 @@ class PyPageTable {
   void Check(const JobIds& ids) const { ValidateJob(layout_, ids.Job()); }
 
   // Validates the job, then returns its keys (JobKeys).
-  nb::tuple Keys(const JobIds& ids, nb::handle gpu_alias, nb::handle cpu_alias) const {
-    const std::vector<int64_t> gpu_tags = Alias(gpu_alias, "gpu_alias");
-    const std::vector<int64_t> cpu_tags = Alias(cpu_alias, "cpu_alias");
+  nb::tuple Keys(const JobIds& ids, nb::handle gpu_offset, nb::handle cpu_offset) const {
+    const std::vector<int64_t> gpu_offsets = Offsets(gpu_offset, "gpu_offset");
+    const std::vector<int64_t> cpu_offsets = Offsets(cpu_offset, "cpu_offset");
     const PageJob job = ids.Job();
     std::vector<int64_t> gpu, cpu;
     {
       nb::gil_scoped_release release;
       ValidateJob(layout_, job);
-      JobKeys(layout_, job, gpu_tags.data(), cpu_tags.data(), gpu, cpu);
+      JobKeys(layout_, job, gpu_offsets.data(), cpu_offsets.data(), gpu, cpu);
     }
     return nb::make_tuple(ToNumpy(std::move(gpu)), ToNumpy(std::move(cpu)));
   }
@@ -502,14 +510,15 @@ class PyPageTable {
                           ToNumpy(std::move(size)));
   }
 
+  // `checked`: ids that passed Keys() (the job's own snapshot).
   CopyResult Copy(const JobIds& ids, bool load, nb::handle stream_obj,
-                  const PageCopyOptions& options) {
+                  const PageCopyOptions& options, bool checked = false) {
     const cudaStream_t stream = ToStream(stream_obj);
     const PageJob job = ids.Job();
     nb::gil_scoped_release release;
     // PageCopy validates the job too, but the table is uploaded only for a valid one.
     ValidatePageCopyOptions(options);
-    ValidateJob(layout_, job);
+    if (!checked) ValidateJob(layout_, job);
     return PageCopy(OnDevice(StreamDevice(stream)), job, load, stream, options,
                     /*validated=*/true);
   }
@@ -529,19 +538,19 @@ class PyPageTable {
     return refs;
   }
 
-  std::vector<int64_t> Alias(nb::handle obj, const char* name) const {
-    std::vector<int64_t> alias = Vector(obj, name);
-    if (static_cast<int64_t>(alias.size()) != layout_.groups()) {
+  std::vector<int64_t> Offsets(nb::handle obj, const char* name) const {
+    std::vector<int64_t> offsets = Vector(obj, name);
+    if (static_cast<int64_t>(offsets.size()) != layout_.groups()) {
       throw nb::value_error((std::string(name) + ": needs one entry per group (" +
                              std::to_string(layout_.groups()) + ")")
                                 .c_str());
     }
-    for (int64_t a : alias) {
-      if (a < 0 || a >= (int64_t{1} << 22)) {
-        throw nb::value_error((std::string(name) + ": entries must be in [0, 2^22)").c_str());
+    for (int64_t o : offsets) {
+      if (o < 0 || o >= (int64_t{1} << 62)) {
+        throw nb::value_error((std::string(name) + ": entries must be in [0, 2^62)").c_str());
       }
     }
-    return alias;
+    return offsets;
   }
 
   static std::vector<int64_t> Vector(nb::handle obj, const char* name) {
@@ -646,13 +655,18 @@ NB_MODULE(_C, m) {
           nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
           nb::arg("block_indices"))
       .def(
-          "job_keys",
+          "prepare",
           [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i,
-             nb::handle gpu_alias, nb::handle cpu_alias) {
-            return t.Keys(JobIds(b, c, g, i), gpu_alias, cpu_alias);
+             nb::handle gpu_offset, nb::handle cpu_offset) {
+            auto job = std::make_unique<PreparedJob>(JobIds(b, c, g, i), &t);
+            nb::tuple keys = t.Keys(job->ids, gpu_offset, cpu_offset);
+            return nb::make_tuple(nb::cast(job.release(), nb::rv_policy::take_ownership),
+                                  keys[0], keys[1]);
           },
           nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
-          nb::arg("block_indices"), nb::arg("gpu_alias"), nb::arg("cpu_alias"))
+          nb::arg("block_indices"), nb::arg("gpu_offset"), nb::arg("cpu_offset"),
+          "Copies the ids once and checks them: (job, gpu_keys, cpu_keys), the keys as "
+          "JobKeys numbers them. copy_job(job) moves exactly what was checked.")
       .def(
           "unit_copies",
           [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i) {
@@ -670,7 +684,19 @@ NB_MODULE(_C, m) {
           nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
           nb::arg("block_indices"), nb::arg("load"), nb::arg("stream").none(),
           nb::arg("staged") = true, nb::arg("max_ctas") = 32,
-          nb::arg("slot_bytes") = int64_t{64} << 20, nb::arg("slots") = 2);
+          nb::arg("slot_bytes") = int64_t{64} << 20, nb::arg("slots") = 2)
+      .def(
+          "copy_job",
+          [](PyPageTable& t, const PreparedJob& job, bool load, nb::handle stream, bool staged,
+             int max_ctas, int64_t slot_bytes, int slots) {
+            if (job.table != &t) throw nb::value_error("job: was prepared by another PageTable");
+            return t.Copy(job.ids, load, stream, PageCopyOptions{staged, max_ctas, slot_bytes, slots},
+                          /*checked=*/true);
+          },
+          nb::arg("job"), nb::arg("load"), nb::arg("stream").none(), nb::arg("staged") = true,
+          nb::arg("max_ctas") = 32, nb::arg("slot_bytes") = int64_t{64} << 20,
+          nb::arg("slots") = 2);
+  nb::class_<PreparedJob>(m, "PreparedJob", "A job's ids, copied and checked by PageTable.prepare.");
   m.attr("PAGE_UNIT_BYTES") = kPageUnitBytes;
 
   // The host pool (kvoffload.host_pool): first touch, NUMA placement, registration.

@@ -44,8 +44,8 @@ from kvoffload import auto, calibration
 from kvoffload.descriptor_pool import DescriptorPool
 from kvoffload.host_pool import (HostPool, PoolOptions, chunk_runs, chunks_reach, kv_layout, pool_bytes,
                                  tensor_owners)
-from kvoffload.last_writers import LastWriters
-from kvoffload.page_table import job_arguments, page_table
+from kvoffload.lane_accesses import SIDES, LaneAccesses
+from kvoffload.page_table import job_arguments, key_offsets, page_table
 from kvoffload.ordering import MemoryKind, PendingWrites, safe_order
 from kvoffload.planner import (CPUSpec, GPUSpec, _require_int, check_shared, chunks_used, plan_transfer,
                                tensor_pages)
@@ -75,8 +75,8 @@ class _Job:
     direction: Direction
     lane: str
     bytes: int
-    gpu_keys: np.ndarray  # (group << 40) | block id; groups sharing tensors share a tag (JobKeys)
-    cpu_keys: np.ndarray  # (group << 40) | chunk id * blocks_per_chunk + sub-block
+    gpu_keys: np.ndarray  # flat GPU block numbers (PageTable.prepare)
+    cpu_keys: np.ndarray  # flat CPU sub-block numbers
     descriptors: np.ndarray | None = None
     handle: object = None
     seq: int = 0  # submission number
@@ -85,18 +85,8 @@ class _Job:
     def writes_cpu(self) -> bool:
         return self.direction is Direction.STORE
 
-    def conflicts_with(self, other: "_Job") -> bool:
-        """Whether the two jobs touch the same bytes and one of them writes them."""
-        shared_gpu = np.isin(self.gpu_keys, other.gpu_keys).any()
-        shared_cpu = np.isin(self.cpu_keys, other.cpu_keys).any()
-        if self.direction is not other.direction:
-            return bool(shared_gpu or shared_cpu)
-        return bool(shared_cpu if self.direction is Direction.STORE else shared_gpu)
-
-    def reads_output_of(self, other: "_Job") -> bool:
-        """Whether this load reads CPU sub-blocks that the store ``other`` writes."""
-        return (self.direction is Direction.LOAD and other.direction is Direction.STORE
-                and bool(np.isin(self.cpu_keys, other.cpu_keys).any()))
+    def writes(self, side: str) -> bool:
+        return (side == "cpu") == (self.direction is Direction.STORE)
 
 
 def bpc_bytes(layout, tensor) -> int:
@@ -215,7 +205,9 @@ class OffloadHandler:
         self._lock = threading.RLock()
         self._in_flight: dict[Hashable, _Job] = {}
         self._lane_jobs = {lane: collections.deque() for lane in lanes}  # in flight, oldest first
-        self._writers = LastWriters([n * blocks_per_chunk for n in num_cpu_chunks])
+        self._gpu_offset, self._cpu_offset, gpu_keys, cpu_keys = key_offsets(self.layout)
+        self._accesses = LaneAccesses(gpu_keys, cpu_keys)
+        self._by_seq: dict[int, _Job] = {}  # in flight
         self._failed_stores: dict[int, Hashable] = {}  # sequence number -> job id
         self._submitted = 0
         self._ids: set = set()  # every job id ever submitted, for wait()
@@ -245,7 +237,7 @@ class OffloadHandler:
             plan = None
             ids = job_arguments(gpu, cpu)
             # Checks the ids (the page methods' only check, besides shared tensors).
-            gpu_keys, cpu_keys = self._table.job_keys(*ids, self.layout.gpu_alias, self.layout.cpu_alias)
+            prepared, gpu_keys, cpu_keys = self._table.prepare(*ids, self._gpu_offset, self._cpu_offset)
             if self._pages is not None:
                 check_shared(self.layout, gpu, cpu)
                 nbytes = sum(n * t.page_bytes for n, group in zip(gpu.group_sizes, self.layout.groups)
@@ -259,17 +251,36 @@ class OffloadHandler:
             job = _Job(job_id, direction, "expedited" if expedite else direction.value, nbytes,
                        gpu_keys, cpu_keys)
             self._collect()
-            return self._submit(job, plan, ids)
+            return self._submit(job, plan, prepared)
 
-    def _submit(self, job: _Job, plan, ids) -> bool:
+    def _conflicts(self, job: _Job) -> tuple[list[_Job], list[_Job]]:
+        """(waits, sources): per other lane, its latest job in flight that touches this
+        job's bytes where either writes them; and the stores in flight that last wrote
+        CPU sub-blocks this load reads."""
+        waits, sources = [], []
+        for lane, jobs in self._lane_jobs.items():
+            if lane == job.lane or not jobs:
+                continue
+            latest = 0
+            for side in SIDES:
+                if not (job.writes(side) or jobs[0].writes(side)):
+                    continue
+                seqs = self._accesses.touching(lane, side, getattr(job, f"{side}_keys"), jobs[0].seq)
+                if seqs.size:
+                    latest = max(latest, int(seqs[-1]))
+                    if side == "cpu" and jobs[0].writes(side):
+                        sources += [self._by_seq[int(s)] for s in seqs]
+            if latest:
+                waits.append(self._by_seq[latest])
+        return waits, sources
+
+    def _submit(self, job: _Job, plan, prepared) -> bool:
         load = job.direction is Direction.LOAD
-        waits = [other for other in self._in_flight.values()
-                 if other.lane != job.lane and job.conflicts_with(other)]
+        waits, sources = self._conflicts(job)
         if load:
-            pending = any(other.direction is Direction.STORE for other in waits)
             order = safe_order(self._load_source, MemoryKind.DEVICE,
-                               PendingWrites.YES if pending else PendingWrites.NO)
-            failed = self._writers.first_failed(job.cpu_keys, self._failed_stores)
+                               PendingWrites.YES if sources else PendingWrites.NO)
+            failed = self._accesses.first_failed("store", "cpu", job.cpu_keys, self._failed_stores)
             partial = [] if failed is None else [failed]
         else:
             order = safe_order(MemoryKind.DEVICE, MemoryKind.PINNED_HOST, PendingWrites.UNKNOWN)
@@ -288,7 +299,7 @@ class OffloadHandler:
         descriptors = None
         if plan is None:
             # Page copies read in stream order: the job already waits for conflicting stores.
-            copy = functools.partial(self._pages.copy, *ids, load=load,
+            copy = functools.partial(self._pages.copy_job, prepared, load=load,
                                      staged=self._method == "pages", max_ctas=self._page_ctas)
         else:
             descriptors = self._descriptors.acquire(src, dst, sizes)
@@ -302,7 +313,7 @@ class OffloadHandler:
                                          order=order, registry=UNCHECKED)
         try:
             job.handle = self._lanes.submit(job.lane, copy, [w.handle for w in waits],
-                                            failing_with=[w.handle for w in waits if job.reads_output_of(w)])
+                                            failing_with=[w.handle for w in sources])
         except Exception:  # nothing was enqueued; after an interrupt it may have been
             if descriptors is not None:
                 self._descriptors.release(descriptors)
@@ -311,12 +322,10 @@ class OffloadHandler:
         self._submitted += 1
         job.seq = self._submitted
         self._in_flight[job.job_id] = job
+        self._by_seq[job.seq] = job
         self._lane_jobs[job.lane].append(job)
         self._ids.add(job.job_id)
-        if job.writes_cpu:
-            self._writers.record(job.cpu_keys, job.seq)
-        if self._lanes.submit_error(job.handle) is not None:
-            self._note_failure(job)
+        self._accesses.record(job.lane, job.gpu_keys, job.cpu_keys, job.seq)
         return True
 
     def get_finished(self) -> list[TransferResult]:
@@ -342,7 +351,7 @@ class OffloadHandler:
 
     def fence(self, stream=None) -> None:
         """On a GPU: ``stream`` (default: the current stream) waits for every job
-        submitted so far, without blocking the host."""
+        submitted so far. The host waits only until those jobs are enqueued."""
         import torch
 
         with self._lock:
@@ -385,6 +394,7 @@ class OffloadHandler:
                 self._finished[job.job_id] = TransferResult(
                     job.job_id, error is None, job.direction, job.bytes, seconds, error)
                 del self._in_flight[job.job_id]
+                del self._by_seq[job.seq]
                 descriptors, job.descriptors = job.descriptors, None
                 if descriptors is not None:
                     self._descriptors.release(descriptors)

@@ -32,6 +32,22 @@ def page_table(layout: KVLayout, host_breaks=()) -> PageTable:
                      np.asarray(host_breaks, dtype=np.int64))
 
 
+def key_offsets(layout: KVLayout) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Each group's first key in the flat numbering of every GPU block and of every CPU
+    sub-block (PageTable.prepare's keys), groups that share tensors sharing their range;
+    and how many keys each numbering has."""
+    offsets = []
+    for alias, count in ((layout.gpu_alias, lambda g: g.num_gpu_blocks),
+                         (layout.cpu_alias, lambda g: g.num_cpu_chunks * layout.blocks_per_chunk)):
+        first, total = {}, 0
+        for g, root in enumerate(alias):
+            if root not in first:
+                first[root], total = total, total + count(layout.groups[g])
+        offsets += [np.array([first[root] for root in alias], dtype=np.int64), total]
+    gpu, gpu_keys, cpu, cpu_keys = offsets
+    return gpu, cpu, gpu_keys, cpu_keys
+
+
 def job_arguments(gpu: GPUSpec, cpu: CPUSpec) -> tuple:
     """(block_ids, chunk_ids, group_sizes, block_indices), as the table's calls take them."""
     return gpu.block_ids, cpu.chunk_ids, list(gpu.group_sizes), list(gpu.block_indices)

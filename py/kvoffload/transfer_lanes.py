@@ -6,81 +6,114 @@ wait for jobs of other lanes, and fail when one of those it reads from failed
 moved. Lanes copy unchecked: the handler checks every job against its registry before
 submitting it. One thread submits at a time (the handler's lock); ``done`` and ``wait``
 may be called from any thread, and a KeyboardInterrupt in ``wait`` leaves no lock held.
+A job that fails as it is enqueued or run is reported by ``finish``, never raised.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import queue
 import threading
 import time
+import weakref
 
-from kvoffload.batch_copy import CudaError
 
-
-@dataclasses.dataclass
 class _CudaJob:
-    start: object  # CUDA events around the job's copies
-    end: object
-    error: str | None  # set when submitting failed part way
+    def __init__(self, ready, start, end, failing_with):
+        self.ready, self.start, self.end = ready, start, end  # CUDA events
+        self.failing_with = failing_with
+        self.error: str | None = None  # set when enqueueing failed or was skipped
+        self.recorded = False  # end was recorded: the job's copies are on its stream
+        self.queued = threading.Lock()  # held until the job is enqueued or has failed
+        self.queued.acquire()
 
 
 class CudaLanes:
     """One CUDA stream per lane; a job starts after the compute stream's work so far.
-    A job is a callable that enqueues its copies on the stream it is given."""
+    A job is a callable that enqueues its copies on the stream it is given.
+
+    submit() only records where the compute stream stands and queues the job; one
+    thread per handler enqueues the jobs, in submission order, so the caller's thread
+    never pays for enqueueing (a driver call per host run for staged copies)."""
 
     def __init__(self, torch, device, lanes: list[str]):
         self._torch = torch
         self._device = device
         self._streams = {lane: torch.cuda.Stream(device, priority=-1 if lane == "expedited" else 0)
                          for lane in lanes}
-        self._events = []  # (start, end) pairs to reuse
+        self._events = []  # (ready, start, end) to reuse
+        self._last = None  # the job submitted last
+        self._queue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._enqueue_jobs, args=(self._queue,),
+                                        name="kvoffload enqueue", daemon=True)
+        self._thread.start()
+        weakref.finalize(self, self._queue.put, None)  # a lane set never closed ends its thread
 
     def submit(self, lane, copy, waits, failing_with=()):
-        del failing_with  # a failed CUDA job marks its chunks partial as it is submitted
-        stream = self._streams[lane]
-        stream.wait_stream(self._torch.cuda.current_stream(self._device))
-        for other in waits:
-            stream.wait_event(other.end)
-        events = self._events.pop() if self._events else tuple(
-            self._torch.cuda.Event(enable_timing=True) for _ in range(2))
-        events[0].record(stream)
-        error = None
-        try:
-            copy(stream=stream)
-        except CudaError as e:
-            # Copies enqueued before the failure still run: the job stays in flight
-            # until they are done, so jobs that depend on it wait for them.
-            error = f"CudaError: {e}"
-        except Exception:
-            self._events.append(events)
-            raise
-        events[1].record(stream)
-        return _CudaJob(*events, error)
+        torch = self._torch
+        events = self._events.pop() if self._events else (
+            torch.cuda.Event(), torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        events[0].record(torch.cuda.current_stream(self._device))
+        job = _CudaJob(*events, list(failing_with))
+        self._queue.put((job, self._streams[lane], copy, list(waits)))
+        self._last = job
+        return job
 
     @staticmethod
-    def submit_error(handle) -> str | None:
-        """Why submitting the job failed part way, or None."""
-        return handle.error
+    def _enqueue_jobs(jobs: queue.SimpleQueue) -> None:
+        while (item := jobs.get()) is not None:
+            job, stream, copy, waits = item
+            try:
+                stream.wait_event(job.ready)
+                for other in waits:  # enqueued before this one, by this thread
+                    if other.recorded:
+                        stream.wait_event(other.end)
+                failed = [other.error for other in job.failing_with if other.error is not None]
+                job.start.record(stream)
+                if failed:
+                    job.error = f"reads bytes a failed job left partial ({failed[0]}); nothing copied"
+                else:
+                    try:
+                        copy(stream=stream)
+                    except Exception as e:
+                        # Copies enqueued before the failure still run: the job stays in
+                        # flight until they are done, so jobs that depend on it wait.
+                        job.error = f"{type(e).__name__}: {e}"
+                job.end.record(stream)
+                job.recorded = True
+            except Exception as e:  # a stream or event call failed: nothing more to wait for
+                job.error = job.error or f"{type(e).__name__}: {e}"
+            finally:
+                job.queued.release()
 
-    def done(self, handle) -> bool:
-        return handle.end.query()
+    @staticmethod
+    def done(handle) -> bool:
+        return not handle.queued.locked() and (not handle.recorded or handle.end.query())
 
-    def wait(self, handle) -> None:
-        handle.end.synchronize()
+    @staticmethod
+    def wait(handle) -> None:
+        with handle.queued:  # a C lock: an interrupt cannot leave it held
+            recorded = handle.recorded
+        if recorded:
+            handle.end.synchronize()
 
     def finish(self, handle) -> tuple[float, str | None]:
         """(seconds, error) of a done job; its events may be reused afterwards."""
-        seconds = handle.start.elapsed_time(handle.end) / 1e3
-        self._events.append((handle.start, handle.end))
+        seconds = handle.start.elapsed_time(handle.end) / 1e3 if handle.recorded else 0.0
+        self._events.append((handle.ready, handle.start, handle.end))
         return seconds, handle.error
 
     def fence(self, stream) -> None:
-        """``stream`` waits for every job submitted so far."""
+        """``stream`` waits for every job submitted so far (the host waits until they are
+        enqueued)."""
+        if self._last is not None:
+            with self._last.queued:
+                pass
         for lane in self._streams.values():
             stream.wait_stream(lane)
 
     def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
         for stream in self._streams.values():
             stream.synchronize()
 
@@ -126,11 +159,6 @@ class HostLanes:
                 job.error = f"{type(e).__name__}: {e}"
             finally:
                 job.running.release()
-
-    @staticmethod
-    def submit_error(handle) -> str | None:
-        del handle  # a host job fails only as it runs
-        return None
 
     @staticmethod
     def done(handle) -> bool:

@@ -1,0 +1,44 @@
+"""kvoffload.lane_accesses against a dict model, on random jobs in random lanes."""
+
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from kvoffload.lane_accesses import SIDES, LaneAccesses
+
+LANES = ("store", "load", "expedited")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_touching_and_first_failed_match_a_dict_model(seed):
+    rng = np.random.default_rng(seed)
+    sizes = {"gpu": int(rng.integers(1, 60)), "cpu": int(rng.integers(1, 60))}
+    accesses, model, failed = LaneAccesses(sizes["gpu"], sizes["cpu"]), {}, {}
+
+    def keys(side):
+        return rng.permutation(sizes[side])[: rng.integers(0, sizes[side] + 1)].astype(np.int64)
+
+    for seq in range(1, 40):
+        lane = LANES[rng.integers(len(LANES))]
+        touched = {side: keys(side) for side in SIDES}
+        accesses.record(lane, touched["gpu"], touched["cpu"], seq)
+        for side in SIDES:
+            model.update({(lane, side, k): seq for k in touched[side].tolist()})
+        if rng.random() < 0.3:
+            failed[seq] = f"job {seq}"
+        lane, side = LANES[rng.integers(len(LANES))], SIDES[rng.integers(2)]
+        asked, since = keys(side), int(rng.integers(1, seq + 2))
+        last = [model.get((lane, side, k), 0) for k in asked.tolist()]
+        want = sorted({s for s in last if s >= since})
+        assert accesses.touching(lane, side, asked, since).tolist() == want
+        failed_last = {failed[s] for s in last if s in failed}
+        got = accesses.first_failed(lane, side, asked, failed)
+        assert (got in failed_last) if failed_last else got is None
+
+
+def test_a_lane_never_recorded_touches_nothing():
+    accesses = LaneAccesses(8, 8)
+    accesses.record("store", np.arange(3), np.arange(4), 1)
+    assert accesses.touching("load", "gpu", np.arange(8), 0).size == 0
+    assert accesses.first_failed("load", "cpu", np.arange(8), {1: "a"}) is None
+    assert accesses.first_failed("store", "cpu", np.arange(8), {1: "a"}) == "a"
