@@ -13,10 +13,10 @@
 
 namespace kvoffload {
 namespace {
-
 constexpr int64_t kHostPage = 4096;
+}  // namespace
 
-struct Memory {
+struct MemoryRange {
   int64_t end = 0;
   unsigned int type = 0;  // CUmemorytype; 0 when the driver does not know the address
   int ordinal = -1;       // the device of device memory
@@ -25,7 +25,7 @@ struct Memory {
 // What the driver says of addresses, remembered per range for the length of one batch.
 class MemoryMap {
  public:
-  const Memory& At(int64_t address) {
+  const MemoryRange& At(int64_t address) {
     if (last_ != nullptr && last_start_ <= address && address < last_->end) return *last_;
     auto it = known_.upper_bound(address);
     if (it == known_.begin() || address >= std::prev(it)->second.end) it = Query(address);
@@ -36,14 +36,14 @@ class MemoryMap {
   }
 
  private:
-  std::map<int64_t, Memory>::iterator Query(int64_t address) {
+  std::map<int64_t, MemoryRange>::iterator Query(int64_t address) {
     static const auto get_attributes = reinterpret_cast<PFN_cuPointerGetAttributes_v7000>(
         ResolveDriverSymbol("cuPointerGetAttributes", 7000));
     if (get_attributes == nullptr) {
       throw CudaError("cuPointerGetAttributes", "CUDA_ERROR_NOT_FOUND", CUDA_ERROR_NOT_FOUND, -1,
                       "the driver lacks cuPointerGetAttributes");
     }
-    Memory memory;
+    MemoryRange memory;
     CUdeviceptr start = 0;
     size_t size = 0;
     CUpointer_attribute attributes[] = {
@@ -67,10 +67,12 @@ class MemoryMap {
     return known_.insert_or_assign(first, memory).first;
   }
 
-  std::map<int64_t, Memory> known_;  // by first address
-  const Memory* last_ = nullptr;     // the range found last, and its first address
+  std::map<int64_t, MemoryRange> known_;  // by first address
+  const MemoryRange* last_ = nullptr;     // the range found last, and its first address
   int64_t last_start_ = 0;
 };
+
+namespace {
 
 std::string Hex(int64_t address) {
   char text[24];
@@ -79,7 +81,7 @@ std::string Hex(int64_t address) {
 }
 
 // Why `memory` does not do for `reach` on `device`, or "" when it does.
-std::string Unreachable(const Memory& memory, int device, Reach reach) {
+std::string Unreachable(const MemoryRange& memory, int device, Reach reach) {
   const bool host = memory.type == CU_MEMORYTYPE_HOST;
   const bool on_device = memory.type == CU_MEMORYTYPE_DEVICE || memory.type == CU_MEMORYTYPE_UNIFIED;
   if (!host && !on_device) {
@@ -99,6 +101,10 @@ std::string Unreachable(const Memory& memory, int device, Reach reach) {
 }
 
 }  // namespace
+
+AddressRanges::AddressRanges() : map_(std::make_unique<MemoryMap>()) {}
+AddressRanges::~AddressRanges() = default;
+int64_t AddressRanges::End(int64_t address) { return map_->At(address).end; }
 
 void RequireReachable(const int64_t* addresses, const int64_t* sizes, int64_t count, int device,
                       Reach reach, const char* side) {

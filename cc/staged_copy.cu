@@ -78,11 +78,13 @@ class SliceCutter {
       const int64_t n = std::min({batch_.size[i] - offset_, slot_bytes_ - used, kPieceBytes});
       std::vector<int64_t>& dma_host = load_ ? s.dma_src : s.dma_dst;
       std::vector<int64_t>& dma_slot = load_ ? s.dma_dst : s.dma_src;
-      if (!s.dma_size.empty() && dma_host.back() + s.dma_size.back() == host_[i] + offset_ &&
-          dma_slot.back() + s.dma_size.back() == used) {
-        s.dma_size.back() += n;  // the host run goes on
+      const int64_t host = host_[i] + offset_;
+      if (!s.dma_size.empty() && dma_host.back() + s.dma_size.back() == host &&
+          dma_slot.back() + s.dma_size.back() == used && (offset_ > 0 || host < run_end_)) {
+        s.dma_size.back() += n;  // the host run goes on, inside one registration
       } else {
-        dma_host.push_back(host_[i] + offset_);
+        run_end_ = ranges_.End(host);
+        dma_host.push_back(host);
         dma_slot.push_back(used);
         s.dma_size.push_back(n);
       }
@@ -108,6 +110,8 @@ class SliceCutter {
   std::vector<int64_t> order_;
   int64_t at_ = 0;      // position in order_
   int64_t offset_ = 0;  // bytes of copy order_[at_] already cut
+  AddressRanges ranges_;
+  int64_t run_end_ = 0;  // where the registration of the last DMA run's start ends
 };
 
 }  // namespace

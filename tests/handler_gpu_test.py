@@ -113,16 +113,14 @@ class HalfThenFail:
     def arm(self):
         self._armed = True
 
-    def check(self, *ids):
-        self._pages.check(*ids)
-
-    def copy(self, block_ids, chunk_ids, sizes, firsts, **kwargs):
+    def copy_job(self, job, **kwargs):
         if not self._armed:
-            return self._pages.copy(block_ids, chunk_ids, sizes, firsts, **kwargs)
+            return self._pages.copy_job(job, **kwargs)
         self._armed = False
-        half = sizes[0] // 2
-        self._pages.copy(block_ids[:half], chunk_ids[: chunks_used(half, firsts[0], self._bpc)],
-                         [half], firsts, **kwargs)
+        half = int(job.group_sizes[0]) // 2
+        first = int(job.block_indices[0])
+        self._pages.copy(job.block_ids[:half], job.chunk_ids[: chunks_used(half, first, self._bpc)],
+                         [half], [first], **kwargs)
         raise kv.CudaError("page copy kernel launch: cudaErrorLaunchFailure: injected")
 
 

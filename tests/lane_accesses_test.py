@@ -1,6 +1,7 @@
 """kvoffload.lane_accesses against a dict model, on random jobs in random lanes."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from kvoffload.lane_accesses import SIDES, LaneAccesses
@@ -42,3 +43,14 @@ def test_a_lane_never_recorded_touches_nothing():
     assert accesses.touching("load", "gpu", np.arange(8), 0).size == 0
     assert accesses.first_failed("load", "cpu", np.arange(8), {1: "a"}) is None
     assert accesses.first_failed("store", "cpu", np.arange(8), {1: "a"}) == "a"
+
+
+def test_keys_outside_the_table_are_an_index_error_and_nothing_is_written():
+    accesses = LaneAccesses(8, 8)
+    accesses.record("store", np.arange(8), np.arange(8), 1)
+    for bad in (8, -1):
+        with pytest.raises(IndexError, match=rf"keys\[2\] = {bad} is outside the table of 8"):
+            accesses.record("store", np.array([0, 1, bad]), np.arange(2), 2)
+        with pytest.raises(IndexError, match="outside the table"):
+            accesses.touching("store", "gpu", np.array([0, 1, bad]), 1)
+    assert accesses.touching("store", "gpu", np.arange(8), 1).tolist() == [1]

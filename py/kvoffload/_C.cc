@@ -696,8 +696,52 @@ NB_MODULE(_C, m) {
           nb::arg("job"), nb::arg("load"), nb::arg("stream").none(), nb::arg("staged") = true,
           nb::arg("max_ctas") = 32, nb::arg("slot_bytes") = int64_t{64} << 20,
           nb::arg("slots") = 2);
-  nb::class_<PreparedJob>(m, "PreparedJob", "A job's ids, copied and checked by PageTable.prepare.");
+  nb::class_<PreparedJob>(m, "PreparedJob", "A job's ids, copied and checked by PageTable.prepare.")
+      .def_prop_ro("block_ids", [](const PreparedJob& j) { return ToNumpy(j.ids.blocks); })
+      .def_prop_ro("chunk_ids", [](const PreparedJob& j) { return ToNumpy(j.ids.chunks); })
+      .def_prop_ro("group_sizes", [](const PreparedJob& j) { return ToNumpy(j.ids.sizes); })
+      .def_prop_ro("block_indices", [](const PreparedJob& j) { return ToNumpy(j.ids.firsts); });
   m.attr("PAGE_UNIT_BYTES") = kPageUnitBytes;
+
+  // Job-number tables (kvoffload.lane_accesses): one pass each, no temporaries.
+  using Table = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+  using Keys = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+  auto require_in = [](const Keys& keys, size_t size) {
+    const int64_t* k = keys.data();
+    for (size_t i = 0; i < keys.shape(0); ++i) {
+      if (static_cast<uint64_t>(k[i]) >= size) {
+        throw nb::index_error(("keys[" + std::to_string(i) + "] = " + std::to_string(k[i]) +
+                               " is outside the table of " + std::to_string(size))
+                                  .c_str());
+      }
+    }
+  };
+  m.def(
+      "table_fill",
+      [require_in](Table table, Keys keys, int64_t value) {
+        require_in(keys, table.shape(0));
+        int64_t* t = table.data();
+        const int64_t* k = keys.data();
+        for (size_t i = 0; i < keys.shape(0); ++i) t[k[i]] = value;
+      },
+      nb::arg("table"), nb::arg("keys"), nb::arg("value"), "table[keys] = value");
+  m.def(
+      "table_since",
+      [require_in](Table table, Keys keys, int64_t since) {
+        require_in(keys, table.shape(0));
+        const int64_t* t = table.data();
+        const int64_t* k = keys.data();
+        std::vector<int64_t> found;
+        for (size_t i = 0; i < keys.shape(0); ++i) {
+          const int64_t v = t[k[i]];
+          if (v >= since && (found.empty() || found.back() != v)) found.push_back(v);
+        }
+        std::sort(found.begin(), found.end());
+        found.erase(std::unique(found.begin(), found.end()), found.end());
+        return ToNumpy(std::move(found));
+      },
+      nb::arg("table"), nb::arg("keys"), nb::arg("since"),
+      "The distinct values >= since of table[keys], ascending.");
 
   // The host pool (kvoffload.host_pool): first touch, NUMA placement, registration.
   m.def(

@@ -11,6 +11,8 @@ from typing import Hashable
 
 import numpy as np
 
+from kvoffload import _C
+
 SIDES = ("gpu", "cpu")
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -26,7 +28,7 @@ class LaneAccesses:
             table = self._tables.get((lane, side))
             if table is None:
                 table = self._tables[lane, side] = np.zeros(self._sizes[side], dtype=np.int64)
-            table[keys] = seq
+            _C.table_fill(table, keys, seq)
 
     def touching(self, lane: str, side: str, keys: np.ndarray, since: int) -> np.ndarray:
         """The numbers >= since of ``lane``'s jobs that last touched one of these keys,
@@ -34,8 +36,7 @@ class LaneAccesses:
         table = self._tables.get((lane, side))
         if table is None or len(keys) == 0:
             return _EMPTY
-        seqs = table[keys]
-        return np.unique(seqs[seqs >= since])
+        return _C.table_since(table, keys, since)
 
     def first_failed(self, lane: str, side: str, keys: np.ndarray,
                      failed: dict[int, Hashable]) -> Hashable | None:
