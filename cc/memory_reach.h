@@ -3,14 +3,9 @@
 
 #include <cstdint>
 
-namespace kvoffload {
+#include "cc/reach_check.h"
 
-// What one side of a batch must be for a kernel on a given device to touch it.
-enum class Reach {
-  kDeviceOrPinnedHost,  // the copy kernel: either end may be either
-  kPinnedHost,          // the host side of a staged copy
-  kDevice,              // the device side of a staged copy
-};
+namespace kvoffload {
 
 // Throws std::invalid_argument naming `side`[i] for the first copy whose first or last
 // byte is not memory a kernel on `device` can reach as `reach` asks: pageable host
