@@ -8,6 +8,7 @@
 
 #include "cc/copy_batch.h"
 #include "cc/copy_path.h"
+#include "cc/copy_pieces.h"
 
 namespace kvoffload {
 
@@ -34,10 +35,6 @@ void UploadAndLaunch(const std::vector<int64_t>& pieces, int64_t count, int max_
 
 // Throws std::invalid_argument unless max_ctas >= 1.
 void ValidateCtaBudget(int max_ctas);
-
-// Splits copies into pieces of at most piece_bytes (offsets stay aligned to it), as
-// arrays [src..., dst..., size...] of 3 * count entries; returns count.
-int64_t SplitIntoPieces(const CopyBatch& batch, int64_t piece_bytes, std::vector<int64_t>& out);
 
 }  // namespace kvoffload
 

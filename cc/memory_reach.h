@@ -4,14 +4,10 @@
 #include <cstdint>
 #include <memory>
 
-namespace kvoffload {
+#include "cc/memory_map.h"
+#include "cc/reach_check.h"
 
-// What one side of a batch must be for a kernel on a given device to touch it.
-enum class Reach {
-  kDeviceOrPinnedHost,  // the copy kernel: either end may be either
-  kPinnedHost,          // the host side of a staged copy
-  kDevice,              // the device side of a staged copy
-};
+namespace kvoffload {
 
 // Throws std::invalid_argument naming `side`[i] for the first copy whose first or last
 // byte is not memory a kernel on `device` can reach as `reach` asks: pageable host
@@ -35,6 +31,10 @@ class AddressRanges {
  private:
   std::unique_ptr<MemoryMap> map_;
 };
+
+// What cuPointerGetAttributes says of `address` (a MemoryMap's query). Unknown
+// addresses are not an error: they come back as MemoryKind::kUnknown.
+PointerAttributes AskDriver(int64_t address);
 
 }  // namespace kvoffload
 

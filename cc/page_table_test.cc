@@ -5,26 +5,15 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstdio>
 #include <map>
 #include <numeric>
 #include <random>
-#include <stdexcept>
-#include <string>
 #include <vector>
+
+#include "cc/test_checks.h"
 
 namespace kvoffload {
 namespace {
-
-int failures = 0;
-
-#define EXPECT(cond)                                                 \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      std::fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                    \
-    }                                                                \
-  } while (0)
 
 struct RandomCase {
   std::vector<TensorRef> refs;
@@ -202,18 +191,6 @@ void TestUnitsMatchReference(std::mt19937_64& rng) {
   }
 }
 
-template <typename F>
-bool Rejects(F f, const std::string& needle) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    if (std::string(e.what()).find(needle) != std::string::npos) return true;
-    std::fprintf(stderr, "unexpected message: %s (wanted %s)\n", e.what(), needle.c_str());
-    return false;
-  }
-  return false;
-}
-
 void TestBadJobs() {
   const std::vector<TensorRef> refs{{1 << 20, 4096, 4096, 1 << 30, 4 * 4096}};
   const PageLayout layout(refs, {1}, {10}, {5}, 4);
@@ -254,10 +231,5 @@ int main() {
   std::mt19937_64 rng(12345);
   kvoffload::TestUnitsMatchReference(rng);
   kvoffload::TestBadJobs();
-  if (kvoffload::failures) {
-    std::fprintf(stderr, "%d failures\n", kvoffload::failures);
-    return 1;
-  }
-  std::puts("page_table_test: all passed");
-  return 0;
+  return kvoffload::TestResult("page_table_test");
 }

@@ -113,10 +113,16 @@ class HalfThenFail:
     def arm(self):
         self._armed = True
 
-    def copy_job(self, job, **kwargs):
+    @property
+    def copy_job(self):
+        """The handler takes this when it submits a job: the job submitted after arm()
+        gets the failing copy, whenever its copy runs."""
         if not self._armed:
-            return self._pages.copy_job(job, **kwargs)
+            return self._pages.copy_job
         self._armed = False
+        return self._half_then_fail
+
+    def _half_then_fail(self, job, **kwargs):
         half = int(job.group_sizes[0]) // 2
         first = int(job.block_indices[0])
         self._pages.copy(job.block_ids[:half], job.chunk_ids[: chunks_used(half, first, self._bpc)],

@@ -178,9 +178,9 @@ def a_failure_mid_job_fails_that_job_only(handler, model, arm_failure):
     handler.transfer_async("reader", CPUSpec([0, 1]), GPUSpec([12, 13, 14, 15], [4], [0]))
     handler.wait(["bad", "other", "reader"])
     results = {r.job_id: r for r in handler.get_finished()}
-    assert not results["bad"].success and "injected" in results["bad"].error
-    assert not results["reader"].success
-    assert results["other"].success
+    assert not results["bad"].success and "injected" in results["bad"].error, results["bad"]
+    assert not results["reader"].success, results["reader"]
+    assert results["other"].success, results["other"]
     model.store([8, 9], [2], [0], [2])
     assert not handler.transfer_async("later", CPUSpec([1]), GPUSpec([14, 15], [2], [0]))
     (later,) = handler.get_finished()

@@ -152,8 +152,16 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
                         alone = stream_seconds(copy)
                         # Enough copies back to back that whole compute steps lie inside.
                         reps = max(4, math.ceil(4 * loop.step_seconds / alone))
-                        got = loop.beside(stream, lambda: [copy() for _ in range(reps)], reps * moved,
-                                          reps * alone)
+                        for _ in range(3):
+                            try:
+                                got = loop.beside(stream, lambda: [copy() for _ in range(reps)],
+                                                  reps * moved, reps * alone)
+                                break
+                            except compute_loop.WindowTooShort:
+                                reps *= 4  # faster beside the loop than alone
+                        else:
+                            raise compute_loop.WindowTooShort(
+                                f"{method} {direction} {block}: no compute step inside {reps} copies")
                         # Not covered by a loop 20 times its time alone: as good as stopped.
                         rates.append(got.gb_per_s if got else moved / alone / 1e9 / 20)
                         slowdowns.append(got.step_slowdown if got else 1.0)

@@ -63,6 +63,10 @@ class Beside:
     idle_drift: float  # the idle loop after over before, minus 1: this measurement's noise
 
 
+class WindowTooShort(RuntimeError):
+    """The copies ended within one compute step."""
+
+
 class ComputeLoop:
     """One workload's step as a CUDA graph on its own stream."""
 
@@ -124,7 +128,8 @@ class ComputeLoop:
         inside = [i for i in range(steps)
                   if start.elapsed_time(events[i]) >= 0 and events[i + 1].elapsed_time(end) >= 0]
         if not inside:
-            raise RuntimeError("no compute step lies inside the copy window; move more bytes")
+            raise WindowTooShort(f"no compute step lies inside the copy window of {window * 1e3:.2f} ms "
+                                 f"(a step takes {self.step_seconds * 1e3:.2f} ms); move more bytes")
         times = [events[i].elapsed_time(events[i + 1]) / 1e3 for i in inside]
         idle_times = [(idle_before[i] + idle_after[i]) / 2 for i in inside]
         step, idle_step = sum(times) / len(times), sum(idle_times) / len(idle_times)
