@@ -7,6 +7,7 @@ import os
 import re
 import resource
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -295,3 +296,37 @@ def test_the_handler_refuses_jobs_on_chunks_not_yet_pinned(monkeypatch):
     check(handler, model)
     handler.shutdown()
     assert mapping(handler.pool.base) is None
+
+
+def test_pieces_registered_at_once_grow_the_pinned_prefix_only(monkeypatch):
+    cuda = FakeCuda(monkeypatch)
+    rng = np.random.default_rng(3)
+    delays = iter(rng.uniform(0, 0.02, 64))
+    register = cuda.register
+
+    def slow_register(address, nbytes, device):
+        time.sleep(next(delays))  # pieces finish out of order
+        register(address, nbytes, device)
+
+    monkeypatch.setattr(_C, "pool_register", slow_register)
+    pool = HostPool(32 * MiB + 5, options=PoolOptions(background=True, piece_bytes=MiB, register_threads=4))
+    seen = set()
+    while not pool.ready():
+        pinned = pool.pinned_bytes
+        registered = dict(cuda.registered)  # a snapshot taken after pinned_bytes was read
+        at = pool.base
+        while at < pool.base + pinned:
+            assert at in registered, f"pinned_bytes {pinned} claims an unregistered piece at {at - pool.base}"
+            at += registered[at]
+        seen.add(pinned)
+        time.sleep(0.001)
+    assert pool.pinned_bytes == 32 * MiB + 5 and len(cuda.registered) == 33
+    assert len(seen) > 3  # readiness was watched growing
+    pool.release()
+    assert cuda.registered == {}
+
+
+def test_register_threads_must_be_a_positive_int():
+    for bad in (0, -1, 1.5, None):
+        with pytest.raises(ValueError, match="register_threads: expected an int >= 1"):
+            PoolOptions(register_threads=bad)

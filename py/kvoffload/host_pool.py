@@ -172,6 +172,7 @@ class PoolOptions:
     threads: first-touch threads (None: one per CPU of the NUMA node).
     numa_node: the node to place the pool on (None: the GPU's, where known).
     piece_bytes: registration pieces are at most this large, where chunks allow.
+    register_threads: pieces registered at once (pinning pages is the driver's slow part).
     progress_bytes: pools this large print their progress on stderr.
     """
 
@@ -182,6 +183,7 @@ class PoolOptions:
     threads: int | None = None
     numa_node: int | None = None
     piece_bytes: int = 4 << 30
+    register_threads: int = 1
     progress_bytes: int = 8 << 30
 
     def __post_init__(self):
@@ -191,6 +193,8 @@ class PoolOptions:
             raise ValueError(f"threads: expected None or an int >= 1, got {self.threads!r}")
         if self.numa_node is not None and (not isinstance(self.numa_node, int) or self.numa_node < 0):
             raise ValueError(f"numa_node: expected None or an int >= 0, got {self.numa_node!r}")
+        if not isinstance(self.register_threads, int) or self.register_threads < 1:
+            raise ValueError(f"register_threads: expected an int >= 1, got {self.register_threads!r}")
         if not isinstance(self.piece_bytes, int) or self.piece_bytes < 4096:
             raise ValueError(f"piece_bytes: expected an int >= 4096, got {self.piece_bytes!r}")
 
@@ -220,6 +224,7 @@ class HostPool:
         self._edges = np.zeros(0, np.int64)  # addresses where one piece ends and the next begins
         self._cond = threading.Condition()
         self._pinned_bytes = 0
+        self._pieces_done: dict[int, int] = {}  # start -> end of pieces pinned past the prefix
         self._error: BaseException | None = None
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -311,7 +316,7 @@ class HostPool:
 
     def _pin(self, ends: list[int], cpus: list[int], bind: int | None, threads: int,
              raise_errors: bool) -> None:
-        """Touches piece after piece while a registrar thread registers each touched one."""
+        """Touches piece after piece while registrar threads register the touched ones."""
         start, memory, broken = time.monotonic(), self.memory, threading.Event()
 
         def register(at: int, end: int) -> None:
@@ -326,7 +331,8 @@ class HostPool:
         try:
             if bind is not None:
                 _C.pool_prefer_node(self.base, memory.mapped_bytes, bind)
-            with ThreadPoolExecutor(1, thread_name_prefix="kvoffload-registrar") as registrar:
+            with ThreadPoolExecutor(self.options.register_threads,
+                                    thread_name_prefix="kvoffload-registrar") as registrar:
                 registered, at = [], 0
                 for end in ends:
                     if self._stop or broken.is_set():
@@ -335,7 +341,7 @@ class HostPool:
                     if self.pinned:
                         registered.append(registrar.submit(register, at, end))
                     else:
-                        self._advance(end, start)
+                        self._advance(at, end, start)
                     at = end
             for future in registered:
                 future.result()
@@ -366,11 +372,16 @@ class HostPool:
                                     f"{self.nbytes}-byte host pool: {e}{_memlock_hint(self.nbytes)}") from e
         with self._cond:
             self._registered.append(self.base + at)
-        self._advance(end, start)
+        self._advance(at, end, start)
 
-    def _advance(self, end: int, start: float) -> None:
+    def _advance(self, at: int, end: int, start: float) -> None:
+        """Piece [at, end) is ready; the pinned prefix grows over every ready piece."""
         with self._cond:
-            self._pinned_bytes = min(end, self.nbytes)
+            self._pieces_done[at] = end
+            prefix = self._pinned_bytes
+            while prefix in self._pieces_done:
+                prefix = self._pieces_done.pop(prefix)
+            self._pinned_bytes = min(prefix, self.nbytes)
             self.seconds = time.monotonic() - start
             last = self._pinned_bytes >= self.nbytes
             if self.nbytes >= self.options.progress_bytes and (last or self.seconds >= self._printed + 1):
