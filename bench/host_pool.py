@@ -29,6 +29,7 @@ except ImportError:  # run as bench/host_pool.py from a GPU bundle (tools/stage_
 FLAGS = flags.FLAGS
 flags.DEFINE_list("gib", ["20", "40"], "Pool sizes, GiB.")
 flags.DEFINE_list("ways", ["torch", "vllm", "kvoffload"], "Ways to measure.")
+flags.DEFINE_list("register_threads", ["1"], "kvoffload's PoolOptions.register_threads to measure.")
 flags.DEFINE_float("copy_gib", 1.0, "GiB copied host-to-device from each end of the pool.")
 flags.DEFINE_string("out", None, "Write the results as JSON here (relative to the workspace); "
                     "default with a GPU: bench/results/host_pool_<gpu>.json.")
@@ -46,7 +47,7 @@ def used_bytes():
     return fields["MemTotal"] - fields["MemAvailable"]
 
 
-def allocate(way, nbytes, gpu):
+def allocate(way, nbytes, gpu, register_threads):
     """The memory, made ready the given way: (a uint8 torch tensor over it, what to keep)."""
     import numpy as np
     import torch
@@ -64,9 +65,9 @@ def allocate(way, nbytes, gpu):
             if int(status) != 0:
                 raise RuntimeError(f"cudaHostRegister: error {int(status)}")
         return torch.from_numpy(array), memory
-    from kvoffload.host_pool import HostPool
+    from kvoffload.host_pool import HostPool, PoolOptions
 
-    pool = HostPool(nbytes, pinned=gpu)
+    pool = HostPool(nbytes, pinned=gpu, options=PoolOptions(register_threads=register_threads))
     return pool.tensor, pool
 
 
@@ -83,7 +84,7 @@ def copy_rate(torch, host, device):
     return best
 
 
-def measure(way, nbytes, gpu, copy_bytes, conn):
+def measure(way, nbytes, gpu, copy_bytes, register_threads, conn):
     """One way, one size, in this (fresh) process; the row goes to ``conn``."""
     import torch
 
@@ -91,11 +92,13 @@ def measure(way, nbytes, gpu, copy_bytes, conn):
         torch.zeros(1, device="cuda")  # the CUDA context, outside the timing
     before = used_bytes()
     start = time.perf_counter()
-    tensor, keep = allocate(way, nbytes, gpu)
+    tensor, keep = allocate(way, nbytes, gpu, register_threads)
     seconds = time.perf_counter() - start
     growth = used_bytes() - before
     row = dict(way=way, requested_bytes=nbytes, seconds=seconds, ready_gb_per_s=nbytes / seconds / 1e9,
                resident_growth_bytes=growth, copy_gb_per_s=None)
+    if way == "kvoffload":
+        row["register_threads"] = register_threads
     if gpu:
         device = torch.empty(copy_bytes, dtype=torch.uint8, device="cuda")
         first = copy_rate(torch, tensor[:copy_bytes], device)
@@ -105,10 +108,10 @@ def measure(way, nbytes, gpu, copy_bytes, conn):
     del tensor, keep
 
 
-def run(way, nbytes, gpu, copy_bytes):
+def run(way, nbytes, gpu, copy_bytes, register_threads=1):
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
-    process = ctx.Process(target=measure, args=(way, nbytes, gpu, copy_bytes, child))
+    process = ctx.Process(target=measure, args=(way, nbytes, gpu, copy_bytes, register_threads, child))
     process.start()
     try:
         row = parent.recv()
@@ -128,7 +131,8 @@ def gpu_name():
 
 def print_row(row):
     copy = "-" if row["copy_gb_per_s"] is None else f"{row['copy_gb_per_s']:.1f}"
-    print(f"{row['way']:>10} {row['requested_bytes'] / 2**30:6.1f} GiB {row['seconds']:7.2f} s "
+    way = row["way"] + (f" x{row['register_threads']}" if "register_threads" in row else "")
+    print(f"{way:>13} {row['requested_bytes'] / 2**30:6.1f} GiB {row['seconds']:7.2f} s "
           f"{row['ready_gb_per_s']:6.2f} GB/s  resident +{row['resident_growth_bytes'] / 2**30:6.2f} GiB "
           f"({row['resident_growth_bytes'] / row['requested_bytes']:.2f}x)  copy {copy} GB/s", flush=True)
 
@@ -147,8 +151,9 @@ def main(argv):
         for way in FLAGS.ways:
             if way not in ("torch", "vllm", "kvoffload"):
                 raise app.UsageError(f"--ways: unknown way {way!r}")
-            rows.append(run(way, nbytes, name is not None, copy_bytes))
-            print_row(rows[-1])
+            for threads in (FLAGS.register_threads if way == "kvoffload" else ["1"]):
+                rows.append(run(way, nbytes, name is not None, copy_bytes, int(threads)))
+                print_row(rows[-1])
     out = FLAGS.out
     if out is None and name is not None:
         slug = "h200" if "H200" in name else name.lower().replace(" ", "_")
@@ -158,7 +163,8 @@ def main(argv):
             out = os.path.join(os.environ["BUILD_WORKSPACE_DIRECTORY"], out)
         machine = dict(device=name or "none (host only)", cpus=os.cpu_count(),
                        mem_total_bytes=used_bytes() + _available())
-        config = dict(gib=[float(g) for g in FLAGS.gib], copy_gib=FLAGS.copy_gib, ways=FLAGS.ways)
+        config = dict(gib=[float(g) for g in FLAGS.gib], copy_gib=FLAGS.copy_gib, ways=FLAGS.ways,
+                      register_threads=[int(t) for t in FLAGS.register_threads])
         with open(out, "w") as f:
             json.dump(dict(date=datetime.date.today().isoformat(), machine=machine, config=config,
                            rows=rows), f, indent=1)
