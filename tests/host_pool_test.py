@@ -115,7 +115,7 @@ def test_a_failed_registration_undoes_everything_and_names_memlock(monkeypatch):
         with pytest.raises(PinnedMemoryError, match=r"could not page-lock bytes \[8388608, 12582912\) of "
                            r"the 16777216-byte host pool: cudaHostRegister: cudaErrorMemoryAllocation .*"
                            r"RLIMIT_MEMLOCK is 4096 bytes"):
-            HostPool(16 * MiB, options=PoolOptions(piece_bytes=4 * MiB))
+            HostPool(16 * MiB, options=PoolOptions(piece_bytes=4 * MiB, register_threads=1))
     finally:
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (soft, hard))
     assert cuda.registered == {} and mapping(cuda.calls[0][0]) is None
@@ -128,7 +128,7 @@ def test_a_failed_touch_undoes_everything_and_removes_a_shared_file(monkeypatch,
     name = f"kvoffload-test-{tmp_path.name}"
     with pytest.raises(PinnedMemoryError, match=rf"could not allocate the host pool's memory "
                        rf"\(/dev/shm/{name}: is its filesystem full\?\): touching"):
-        HostPool(16 * MiB, options=PoolOptions(piece_bytes=4 * MiB, shm_name=name))
+        HostPool(16 * MiB, options=PoolOptions(piece_bytes=4 * MiB, shm_name=name, register_threads=1))
     assert len(cuda.calls) == 2 and cuda.registered == {}
     assert mapping(cuda.calls[0][0]) is None
     assert not os.path.exists(f"/dev/shm/{name}")
@@ -153,7 +153,7 @@ def test_small_pools_print_no_progress(capfd):
 
 def test_a_background_failure_is_raised_by_ready_and_wait_and_release_cleans_up(monkeypatch):
     cuda = FakeCuda(monkeypatch, fail_at=2)
-    pool = HostPool(4 * MiB, options=PoolOptions(background=True, piece_bytes=MiB))
+    pool = HostPool(4 * MiB, options=PoolOptions(background=True, piece_bytes=MiB, register_threads=1))
     with pytest.raises(PinnedMemoryError, match=r"could not page-lock bytes \[1048576, 2097152\)"):
         pool.wait()
     with pytest.raises(PinnedMemoryError, match="could not page-lock"):
@@ -166,7 +166,7 @@ def test_a_background_failure_is_raised_by_ready_and_wait_and_release_cleans_up(
 def test_release_while_pinning_in_the_background(monkeypatch):
     cuda = FakeCuda(monkeypatch)
     gate = Gate(monkeypatch)
-    pool = HostPool(8 * MiB, options=PoolOptions(background=True, piece_bytes=MiB))
+    pool = HostPool(8 * MiB, options=PoolOptions(background=True, piece_bytes=MiB, register_threads=1))
     gate.blocked.wait()
     gate.opened.set()
     pool.release()

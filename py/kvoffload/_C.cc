@@ -708,13 +708,14 @@ NB_MODULE(_C, m) {
   using Keys = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
   auto require_in = [](const Keys& keys, size_t size) {
     const int64_t* k = keys.data();
-    for (size_t i = 0; i < keys.shape(0); ++i) {
-      if (static_cast<uint64_t>(k[i]) >= size) {
-        throw nb::index_error(("keys[" + std::to_string(i) + "] = " + std::to_string(k[i]) +
-                               " is outside the table of " + std::to_string(size))
-                                  .c_str());
-      }
-    }
+    uint64_t largest = 0;  // negative keys become huge
+    for (size_t i = 0; i < keys.shape(0); ++i) largest = std::max(largest, static_cast<uint64_t>(k[i]));
+    if (keys.shape(0) == 0 || largest < size) return;
+    size_t i = 0;
+    while (static_cast<uint64_t>(k[i]) < size) ++i;
+    throw nb::index_error(("keys[" + std::to_string(i) + "] = " + std::to_string(k[i]) +
+                           " is outside the table of " + std::to_string(size))
+                              .c_str());
   };
   m.def(
       "table_fill",

@@ -172,7 +172,8 @@ class PoolOptions:
     threads: first-touch threads (None: one per CPU of the NUMA node).
     numa_node: the node to place the pool on (None: the GPU's, where known).
     piece_bytes: registration pieces are at most this large, where chunks allow.
-    register_threads: pieces registered at once (pinning pages is the driver's slow part).
+    register_threads: pieces registered at once (pinning pages is the driver's slow part;
+    a failure then stops only the pieces not started yet).
     progress_bytes: pools this large print their progress on stderr.
     """
 
@@ -183,7 +184,7 @@ class PoolOptions:
     threads: int | None = None
     numa_node: int | None = None
     piece_bytes: int = 4 << 30
-    register_threads: int = 1
+    register_threads: int = 4  # 40 GiB on the H200 host: 7.2 s with 4, 10.1 s with 1
     progress_bytes: int = 8 << 30
 
     def __post_init__(self):
