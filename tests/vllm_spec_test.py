@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 import vllm_env
 from vllm_cache import VllmCache, finish
@@ -25,20 +26,21 @@ from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
 from kvoffload.vllm import KVOffloadSpec, KVOffloadWorker
+from kvoffload.vllm.spec import shared_pool_name
 
 BPC = 2
 ROWS, REFS = [256, 256], [[(0, 256), (1, 256)]]
 EXTRA = {"spec_name": "KVOffloadSpec", "spec_module_path": "kvoffload.vllm", "cpu_bytes_to_use": 1 << 20}
 
 
-def config(extra=EXTRA, world_size=1, **flags):
+def config(extra=EXTRA, world_size=1, rank=0, engine_id="engine-0", **flags):
     parallel = OffloadingParallelConfig(
-        rank=0, world_size=world_size, tp_size=world_size, pp_size=1, pcp_size=1, dcp_size=1,
+        rank=rank, world_size=world_size, tp_size=world_size, pp_size=1, pcp_size=1, dcp_size=1,
         data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
         is_parallelism_agnostic=False)
     return OffloadingConfig(
         groups=(OffloadingGroupConfig(16, ("layer.0",), 0),), worker_kv_bytes_per_block=sum(ROWS),
-        enable_kv_cache_events=False, extra_config=dict(extra), engine_id="engine-0",
+        enable_kv_cache_events=False, extra_config=dict(extra), engine_id=engine_id,
         model=OffloadingModelConfig("model", "int8"),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=BPC), parallel=parallel, **flags)
 
@@ -53,14 +55,38 @@ def test_the_factory_selects_the_spec_and_vllm_sizes_the_pool():
     worker.shutdown()
 
 
-def test_replicated_layout_is_turned_off_each_rank_keeps_its_copy(monkeypatch):
-    # On a GPU, vLLM's spec would store one copy for all ranks in a shared region.
+def test_replicated_layout_shares_one_pool_rank_0_stores_every_rank_loads(monkeypatch):
+    # What vLLM's own spec sizes on a GPU (where its region is shared): one copy for all ranks.
     monkeypatch.setattr(CPUOffloadingSpec, "_uses_shared_region", lambda self: True)
-    assert CPUOffloadingSpec(config(world_size=4, replicated_layout=True)).replicated_layout
-    spec = KVOffloadSpec(config(world_size=4, replicated_layout=True))
-    assert not spec.replicated_layout
-    assert spec.num_chunks == KVOffloadSpec(config(world_size=4)).num_chunks
-    assert OffloadingConnectorWorker(spec, None, None)._is_store_writer
+    engine = f"engine {os.getpid()}/{time.monotonic_ns()}"  # odd characters on purpose
+    ranks = [KVOffloadSpec(config(world_size=2, rank=r, engine_id=engine, replicated_layout=True))
+             for r in range(2)]
+    assert all(spec.replicated_layout for spec in ranks)
+    assert ranks[0].num_chunks == CPUOffloadingSpec(config(world_size=2, replicated_layout=True)).num_chunks
+    assert [OffloadingConnectorWorker(spec, None, None)._is_store_writer for spec in ranks] == [True, False]
+    name = shared_pool_name(engine)
+    assert "/" not in name and " " not in name
+
+    rng = np.random.default_rng(4)
+    caches = [VllmCache(rng, ROWS, REFS, num_blocks=32) for _ in ranks]
+    workers = [spec.get_worker(cache.kv_caches) for spec, cache in zip(ranks, caches)]
+    assert os.path.exists(f"/dev/shm/{name}")
+    assert workers[0].handler.pool.base != workers[1].handler.pool.base  # two mappings of one file
+    src, dst = np.split(rng.permutation(32)[:16], 2)
+    chunks = rng.permutation(ranks[0].num_chunks)[:4].tolist()
+    started = time.perf_counter()
+    assert workers[0].submit_store(1, GPULoadStoreSpec(src.tolist(), [8], [0]), CPULoadStoreSpec(chunks))
+    finish(workers[0], {1}, started)
+    caches[1].poison(0, dst)
+    assert workers[1].submit_load(2, CPULoadStoreSpec(chunks), GPULoadStoreSpec(dst.tolist(), [8], [0]))
+    finish(workers[1], {2}, started)
+    # Rank 1's blocks now hold what rank 0 stored (its own tensors never went to the pool).
+    for i, page in REFS[0]:
+        assert torch.equal(caches[1].tensors[i][torch.as_tensor(dst), :page],
+                           caches[0].tensors[i][torch.as_tensor(src), :page])
+    for worker in workers:
+        worker.shutdown()
+    assert not os.path.exists(f"/dev/shm/{name}")  # the last one out removed it
 
 
 def test_canonical_layout_is_refused_naming_the_key():

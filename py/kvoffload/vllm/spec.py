@@ -4,41 +4,46 @@ worker in place of vLLM's."""
 
 from __future__ import annotations
 
-import logging
+import re
 
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
+from kvoffload.host_pool import PoolOptions
 from kvoffload.vllm.worker import KVOffloadWorker
-
-logger = logging.getLogger(__name__)
 
 # kv_connector_extra_config keys read here; anything else goes to vLLM's spec.
 HANDLER_OPTIONS = {"kvoffload_method": "method", "kvoffload_max_slowdown": "max_slowdown",
                    "kvoffload_cpu_layout": "cpu_layout"}
 
 
+def shared_pool_name(engine_id) -> str:
+    """The /dev/shm file that the ranks of one engine share under vLLM's replicated layout."""
+    return "kvoffload-vllm-" + re.sub(r"[^A-Za-z0-9_.-]", "_", str(engine_id))
+
+
 class KVOffloadSpec(CPUOffloadingSpec):
-    """Each worker process keeps a private pool: vLLM's replicated layout (one rank
-    storing for every rank into a shared region, MLA under tensor parallelism) is never
-    taken, so every rank stores its own copy and ``cpu_bytes_to_use`` covers them all."""
+    """Each worker process keeps a private pool, except under vLLM's replicated layout
+    (MLA under tensor parallelism, where every rank holds the same KV): the ranks then
+    share one pool, a file under /dev/shm named after the engine (``shared_pool_name``),
+    rank 0 stores into it (vLLM's connector skips the others' stores), every rank loads
+    from it, and ``cpu_bytes_to_use`` holds one copy."""
 
     def __init__(self, config):
         if config.canonical_layout:
             raise ValueError("kv_connector_extra_config: canonical_layout=True is not supported "
                              "by kvoffload.vllm's worker; leave it unset")
         super().__init__(config)
-        if config.replicated_layout:
-            logger.info("kvoffload.vllm: replicated_layout turned off: each of %d ranks stores "
-                        "its own copy in a private pool", config.parallel.world_size)
 
     def _uses_shared_region(self) -> bool:
-        return False
+        return True  # a HostPool can be one file shared by the ranks
 
     def create_worker(self, kv_caches) -> KVOffloadWorker:
         options = {}
         for key, option in HANDLER_OPTIONS.items():
             if key in self.extra_config:
                 options[option] = self.extra_config[key]
+        if self.replicated_layout:
+            options["host_pool"] = PoolOptions(shm_name=shared_pool_name(self.config.engine_id))
         return KVOffloadWorker(kv_caches, self.blocks_per_chunk, self.num_chunks, **options)
 
     def get_worker(self, kv_caches) -> KVOffloadWorker:
