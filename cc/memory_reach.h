@@ -2,7 +2,6 @@
 #define KVOFFLOAD_CC_MEMORY_REACH_H_
 
 #include <cstdint>
-#include <memory>
 
 #include "cc/memory_map.h"
 #include "cc/reach_check.h"
@@ -15,22 +14,6 @@ namespace kvoffload {
 // driver once per allocation (or per host page where it gives no range), not per copy.
 void RequireReachable(const int64_t* addresses, const int64_t* sizes, int64_t count,
                       int device, Reach reach, const char* side);
-
-class MemoryMap;
-
-// The driver's allocation and registration ranges, asked once per range. A DMA may not
-// cross from one registration of host memory into the next (cuMemcpyBatchAsync rejects it).
-class AddressRanges {
- public:
-  AddressRanges();
-  ~AddressRanges();
-  // The end of the range that holds `address`: its allocation or registration, or its
-  // host page where the driver knows no range.
-  int64_t End(int64_t address);
-
- private:
-  std::unique_ptr<MemoryMap> map_;
-};
 
 // What cuPointerGetAttributes says of `address` (a MemoryMap's query). Unknown
 // addresses are not an error: they come back as MemoryKind::kUnknown.

@@ -123,9 +123,9 @@ class HalfThenFail:
         return self._half_then_fail
 
     def _half_then_fail(self, job, **kwargs):
-        half = int(job.group_sizes[0]) // 2
-        first = int(job.block_indices[0])
-        self._pages.copy(job.block_ids[:half], job.chunk_ids[: chunks_used(half, first, self._bpc)],
+        block_ids, chunk_ids, sizes, firsts = job.ids()
+        half, first = int(sizes[0]) // 2, int(firsts[0])
+        self._pages.copy(block_ids[:half], chunk_ids[: chunks_used(half, first, self._bpc)],
                          [half], [first], **kwargs)
         raise kv.CudaError("page copy kernel launch: cudaErrorLaunchFailure: injected")
 

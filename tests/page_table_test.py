@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from kvoffload.page_table import UNIT_BYTES, job_arguments, page_table
+from kvoffload.page_table import (UNIT_BYTES, chunk_keyed_groups, job_arguments, key_offsets, page_table,
+                                  whole_chunks)
 from kvoffload.planner import GroupLayout, KVLayout, TensorLayout, plan_transfer
 from layouts import transfers
 
@@ -98,3 +99,52 @@ def _has_gpu():
     except ImportError:
         return False
     return torch.cuda.is_available()
+
+
+def overlaps(a, b):
+    """Whether two lists of (address, size) byte ranges share a byte."""
+    a, b = sorted(a), sorted(b)
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i][0] < b[j][0] + b[j][1] and b[j][0] < a[i][0] + a[i][1]:
+            return True
+        if a[i][0] + a[i][1] <= b[j][0] + b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return False
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_keys_of_groups_sharing_a_cpu_tensor_with_other_pages_meet_where_bytes_do(seed):
+    rng = np.random.default_rng(seed)
+    bpc, chunks, blocks = int(rng.integers(1, 5)), 12, 40
+    pages = [int(p) for p in rng.choice([128, 256, 384, 512], 2, replace=False)]
+    stride = bpc * max(pages)
+    layout = KVLayout(tuple(GroupLayout((TensorLayout((g + 1) << 30, 4096, pages[g], 1 << 40, stride),),
+                                        blocks, chunks) for g in range(2)), bpc)
+    assert layout.cpu_alias == (0, 0) and chunk_keyed_groups(layout) == [0, 1]
+    gpu_offset, cpu_offset, _, _ = key_offsets(layout)
+    table = page_table(layout)
+    hits = 0
+    for _ in range(50):
+        jobs = []
+        for g in range(2):
+            n, first = int(rng.integers(1, 3 * bpc)), int(rng.integers(0, bpc))
+            used = -(-(n + first % bpc) // bpc)
+            sizes, firsts = [n if h == g else 0 for h in range(2)], [first if h == g else 0 for h in range(2)]
+            ids = (rng.permutation(blocks)[:n], rng.permutation(chunks)[:used], sizes, firsts)
+            _, _, cpu_keys = table.prepare(*ids, gpu_offset, cpu_offset)
+            whole_chunks(cpu_keys, sizes, chunk_keyed_groups(layout), cpu_offset, bpc)
+            _, host, size = table.unit_copies(*ids)
+            jobs.append((set(cpu_keys.tolist()), list(zip(host.tolist(), size.tolist()))))
+        if overlaps(jobs[0][1], jobs[1][1]):
+            hits += 1
+            assert jobs[0][0] & jobs[1][0], "the jobs share CPU bytes but no key"
+    assert hits > 0
+
+
+def test_groups_that_share_with_equal_pages_keep_sub_block_keys():
+    layout = KVLayout(tuple(GroupLayout((TensorLayout((g + 1) << 30, 4096, 256, 1 << 40, 1024),), 8, 4)
+                            for g in range(2)), 4)
+    assert layout.cpu_alias == (0, 0) and chunk_keyed_groups(layout) == []

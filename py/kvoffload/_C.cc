@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -468,9 +469,9 @@ nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> ToNumpy(std::vector<int64_t> values
 // A job's ids as PageTable.prepare copied and checked them: its keys and its copy read
 // this one snapshot, whatever the caller does to its arrays afterwards. Immutable.
 struct PreparedJob {
-  PreparedJob(JobIds checked, const void* checked_by) : ids(std::move(checked)), table(checked_by) {}
+  PreparedJob(JobIds checked, uint64_t checked_by) : ids(std::move(checked)), table(checked_by) {}
   const JobIds ids;
-  const void* table;  // the PageTable whose layout checked the ids
+  const uint64_t table;  // the serial number of the PageTable whose layout checked the ids
 };
 
 // A PageLayout, uploaded to each device on its first copy there.
@@ -478,7 +479,8 @@ class PyPageTable {
  public:
   PyPageTable(nb::handle refs, nb::handle group_refs, nb::handle gpu_blocks,
               nb::handle cpu_chunks, int64_t blocks_per_chunk, nb::handle host_breaks)
-      : layout_(Refs(refs), Vector(group_refs, "group_refs"), Vector(gpu_blocks, "gpu_blocks"),
+      : serial_(NextSerial()),
+        layout_(Refs(refs), Vector(group_refs, "group_refs"), Vector(gpu_blocks, "gpu_blocks"),
                 Vector(cpu_chunks, "cpu_chunks"), blocks_per_chunk) {
     layout_.set_host_breaks(Vector(host_breaks, "host_breaks"));
   }
@@ -566,6 +568,16 @@ class PyPageTable {
     return *table;
   }
 
+  static uint64_t NextSerial() {
+    static std::atomic<uint64_t> next{1};
+    return next++;
+  }
+
+ public:
+  // Unique per table, never reused (an address could be, once a table is freed).
+  const uint64_t serial_;
+
+ private:
   PageLayout layout_;
   std::mutex mutex_;
   std::map<int, std::unique_ptr<DevicePageTable>> tables_;
@@ -658,7 +670,7 @@ NB_MODULE(_C, m) {
           "prepare",
           [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i,
              nb::handle gpu_offset, nb::handle cpu_offset) {
-            auto job = std::make_unique<PreparedJob>(JobIds(b, c, g, i), &t);
+            auto job = std::make_unique<PreparedJob>(JobIds(b, c, g, i), t.serial_);
             nb::tuple keys = t.Keys(job->ids, gpu_offset, cpu_offset);
             return nb::make_tuple(nb::cast(job.release(), nb::rv_policy::take_ownership),
                                   keys[0], keys[1]);
@@ -689,7 +701,7 @@ NB_MODULE(_C, m) {
           "copy_job",
           [](PyPageTable& t, const PreparedJob& job, bool load, nb::handle stream, bool staged,
              int max_ctas, int64_t slot_bytes, int slots) {
-            if (job.table != &t) throw nb::value_error("job: was prepared by another PageTable");
+            if (job.table != t.serial_) throw nb::value_error("job: was prepared by another PageTable");
             return t.Copy(job.ids, load, stream, PageCopyOptions{staged, max_ctas, slot_bytes, slots},
                           /*checked=*/true);
           },
@@ -697,10 +709,13 @@ NB_MODULE(_C, m) {
           nb::arg("max_ctas") = 32, nb::arg("slot_bytes") = int64_t{64} << 20,
           nb::arg("slots") = 2);
   nb::class_<PreparedJob>(m, "PreparedJob", "A job's ids, copied and checked by PageTable.prepare.")
-      .def_prop_ro("block_ids", [](const PreparedJob& j) { return ToNumpy(j.ids.blocks); })
-      .def_prop_ro("chunk_ids", [](const PreparedJob& j) { return ToNumpy(j.ids.chunks); })
-      .def_prop_ro("group_sizes", [](const PreparedJob& j) { return ToNumpy(j.ids.sizes); })
-      .def_prop_ro("block_indices", [](const PreparedJob& j) { return ToNumpy(j.ids.firsts); });
+      .def(
+          "ids",
+          [](const PreparedJob& j) {
+            return nb::make_tuple(ToNumpy(j.ids.blocks), ToNumpy(j.ids.chunks),
+                                  ToNumpy(j.ids.sizes), ToNumpy(j.ids.firsts));
+          },
+          "Copies of (block_ids, chunk_ids, group_sizes, block_indices).");
   m.attr("PAGE_UNIT_BYTES") = kPageUnitBytes;
 
   // Job-number tables (kvoffload.lane_accesses): one pass each, no temporaries.
@@ -718,14 +733,19 @@ NB_MODULE(_C, m) {
                               .c_str());
   };
   m.def(
-      "table_fill",
-      [require_in](Table table, Keys keys, int64_t value) {
-        require_in(keys, table.shape(0));
-        int64_t* t = table.data();
-        const int64_t* k = keys.data();
-        for (size_t i = 0; i < keys.shape(0); ++i) t[k[i]] = value;
+      "tables_fill",
+      [require_in](Table a, Keys a_keys, Table b, Keys b_keys, int64_t value) {
+        require_in(a_keys, a.shape(0));
+        require_in(b_keys, b.shape(0));
+        for (auto [table, keys] : {std::pair(&a, &a_keys), std::pair(&b, &b_keys)}) {
+          int64_t* t = table->data();
+          const int64_t* k = keys->data();
+          for (size_t i = 0; i < keys->shape(0); ++i) t[k[i]] = value;
+        }
       },
-      nb::arg("table"), nb::arg("keys"), nb::arg("value"), "table[keys] = value");
+      nb::arg("a").noconvert(), nb::arg("a_keys").noconvert(), nb::arg("b").noconvert(),
+      nb::arg("b_keys").noconvert(), nb::arg("value"),
+      "a[a_keys] = value; b[b_keys] = value: both or, on bad keys, neither.");
   m.def(
       "table_since",
       [require_in](Table table, Keys keys, int64_t since) {
@@ -741,7 +761,7 @@ NB_MODULE(_C, m) {
         found.erase(std::unique(found.begin(), found.end()), found.end());
         return ToNumpy(std::move(found));
       },
-      nb::arg("table"), nb::arg("keys"), nb::arg("since"),
+      nb::arg("table").noconvert(), nb::arg("keys").noconvert(), nb::arg("since"),
       "The distinct values >= since of table[keys], ascending.");
 
   // The host pool (kvoffload.host_pool): first touch, NUMA placement, registration.

@@ -36,6 +36,7 @@ import dataclasses
 import enum
 import functools
 import threading
+import weakref
 from typing import Hashable, Iterable, Sequence
 
 import numpy as np
@@ -45,7 +46,7 @@ from kvoffload.descriptor_pool import DescriptorPool
 from kvoffload.host_pool import (HostPool, PoolOptions, chunk_runs, chunks_reach, kv_layout, pool_bytes,
                                  tensor_owners)
 from kvoffload.lane_accesses import SIDES, LaneAccesses
-from kvoffload.page_table import job_arguments, key_offsets, page_table
+from kvoffload.page_table import chunk_keyed_groups, job_arguments, key_offsets, page_table, whole_chunks
 from kvoffload.ordering import MemoryKind, PendingWrites, safe_order
 from kvoffload.planner import (CPUSpec, GPUSpec, _require_int, check_shared, chunks_used, plan_transfer,
                                tensor_pages)
@@ -98,6 +99,13 @@ def _one_id(job_ids) -> bool:
     """A string or tuple is one job id, as is anything not iterable; lists, sets and
     other iterables are several."""
     return isinstance(job_ids, (str, bytes, tuple)) or not isinstance(job_ids, Iterable)
+
+
+def _close_quietly(lanes) -> None:
+    try:
+        lanes.close()
+    except Exception:  # noqa: BLE001 - at exit CUDA may be gone; nothing is left to report to
+        pass
 
 
 class OffloadHandler:
@@ -181,6 +189,11 @@ class OffloadHandler:
         lanes = ["store", "load"] + (["expedited"] if expedited_loads else [])
         if on_gpu and method == "auto":
             calibration.calibration(device.index)  # loaded, or measured now, not in the first job
+        _require_int("page_ctas", page_ctas, 1)
+        if page_ctas > 1 << 16:
+            raise ValueError(f"page_ctas: expected at most {1 << 16}, got {page_ctas}")
+        if max_slowdown is not None and not (isinstance(max_slowdown, (int, float)) and max_slowdown >= 0):
+            raise ValueError(f"max_slowdown: must be a number >= 0 or None, got {max_slowdown!r}")
         self._method, self._max_slowdown, self._page_ctas = method, max_slowdown, page_ctas
         # Checks every job's ids and keys it; for page methods also copies.
         self._table = page_table(self.layout, self.pool.registration_edges)
@@ -199,6 +212,8 @@ class OffloadHandler:
                         self.registry.check([t.cpu_base], [cpu_span], "host", f"group {g} CPU extent")
         self._device = device
         self._lanes = CudaLanes(torch, device, lanes) if on_gpu else HostLanes(lanes)
+        # A handler dropped without shutdown() ends its lanes before its pool goes.
+        weakref.finalize(self, _close_quietly, self._lanes)
         self._load_source = MemoryKind.PINNED_HOST if on_gpu else MemoryKind.PAGEABLE_HOST
         self._expedited = expedited_loads
         self._descriptors = DescriptorPool()
@@ -207,7 +222,11 @@ class OffloadHandler:
         self._lane_jobs = {lane: collections.deque() for lane in lanes}  # in flight, oldest first
         self._gpu_offset, self._cpu_offset, gpu_keys, cpu_keys = key_offsets(self.layout)
         self._accesses = LaneAccesses(gpu_keys, cpu_keys)
+        # Groups that share CPU tensors with other pages: their sub-blocks lie at other
+        # offsets, so their keys name whole chunks.
+        self._chunk_keyed = chunk_keyed_groups(self.layout)
         self._by_seq: dict[int, _Job] = {}  # in flight
+        self._unstarted: _Job | None = None  # see _start_unstarted
         self._failed_stores: dict[int, Hashable] = {}  # sequence number -> job id
         self._submitted = 0
         self._ids: set = set()  # every job id ever submitted, for wait()
@@ -229,6 +248,7 @@ class OffloadHandler:
             raise TypeError("src_spec, dst_spec: expected (GPUSpec, CPUSpec) for a store or "
                             "(CPUSpec, GPUSpec) for a load")
         with self._lock:
+            self._start_unstarted()
             self._check_open()
             if job_id in self._in_flight or job_id in self._finished:
                 raise ValueError(f"job_id: {job_id!r} is already in use")
@@ -238,6 +258,9 @@ class OffloadHandler:
             ids = job_arguments(gpu, cpu)
             # Checks the ids (the page methods' only check, besides shared tensors).
             prepared, gpu_keys, cpu_keys = self._table.prepare(*ids, self._gpu_offset, self._cpu_offset)
+            if self._chunk_keyed:
+                whole_chunks(cpu_keys, gpu.group_sizes, self._chunk_keyed, self._cpu_offset,
+                             self.layout.blocks_per_chunk)
             if self._pages is not None:
                 check_shared(self.layout, gpu, cpu)
                 nbytes = sum(n * t.page_bytes for n, group in zip(gpu.group_sizes, self.layout.groups)
@@ -312,25 +335,48 @@ class OffloadHandler:
                                          method=self._method, max_slowdown=self._max_slowdown,
                                          order=order, registry=UNCHECKED)
         try:
-            job.handle = self._lanes.submit(job.lane, copy, [w.handle for w in waits],
-                                            failing_with=[w.handle for w in sources])
-        except Exception:  # nothing was enqueued; after an interrupt it may have been
+            job.handle = self._lanes.make(job.lane, copy, [w.handle for w in waits],
+                                          failing_with=[w.handle for w in sources])
+        except BaseException:  # nothing runs
             if descriptors is not None:
                 self._descriptors.release(descriptors)
             raise
         job.descriptors = descriptors
         self._submitted += 1
         job.seq = self._submitted
+        # Bookkept before it can run, so later jobs see it. An interrupt that stops it
+        # from being started leaves it in _unstarted, for the next call to start.
+        self._unstarted = job
         self._in_flight[job.job_id] = job
         self._by_seq[job.seq] = job
         self._lane_jobs[job.lane].append(job)
         self._ids.add(job.job_id)
         self._accesses.record(job.lane, job.gpu_keys, job.cpu_keys, job.seq)
+        self._lanes.start(job.handle)
+        self._unstarted = None
         return True
+
+    def _start_unstarted(self) -> None:
+        """Finishes the bookkeeping of a job an interrupt stopped in _submit and starts
+        it (each step is idempotent; a job started twice runs once). Every public method
+        calls this first, under the lock, so no other job came in between."""
+        job = self._unstarted
+        if job is None:
+            return
+        if job.job_id in self._in_flight:  # else it was interrupted before it existed
+            self._by_seq[job.seq] = job
+            lane = self._lane_jobs[job.lane]
+            if not lane or lane[-1] is not job:
+                lane.append(job)
+            self._ids.add(job.job_id)
+            self._accesses.record(job.lane, job.gpu_keys, job.cpu_keys, job.seq)
+            self._lanes.start(job.handle)
+        self._unstarted = None
 
     def get_finished(self) -> list[TransferResult]:
         """The jobs that completed since the last call, without blocking."""
         with self._lock:
+            self._start_unstarted()
             self._collect()
             finished, self._finished = self._finished, {}
         return list(finished.values())
@@ -341,6 +387,7 @@ class OffloadHandler:
         raises ValueError."""
         ids = [job_ids] if _one_id(job_ids) else list(job_ids)
         with self._lock:
+            self._start_unstarted()
             self._check_open()
             unknown = [job_id for job_id in ids if job_id not in self._ids]
             if unknown:
@@ -355,6 +402,7 @@ class OffloadHandler:
         import torch
 
         with self._lock:
+            self._start_unstarted()
             self._check_open()
             if not isinstance(self._lanes, CudaLanes):
                 raise RuntimeError("fence: only for a handler of GPU tensors")
@@ -363,6 +411,7 @@ class OffloadHandler:
     def shutdown(self) -> None:
         """Waits for every job, then releases the lanes and the pool."""
         with self._lock:
+            self._start_unstarted()
             if self._closed:
                 return
             self._closing = True
@@ -383,18 +432,20 @@ class OffloadHandler:
 
     def _collect(self) -> None:
         """Retires the finished jobs: a lane's jobs finish in order, so only each lane's
-        oldest is asked. Each job leaves its lane's queue before anything else happens
-        to it, so an interrupt cannot retire it twice."""
+        oldest is asked. A job's failure and result are noted before it leaves its lane's
+        queue (again, harmlessly, after an interrupt), so none is lost or retired twice."""
         for jobs in self._lane_jobs.values():
             while jobs and self._lanes.done(jobs[0].handle):
-                job = jobs.popleft()
-                seconds, error = self._lanes.finish(job.handle)
+                job = jobs[0]
+                seconds, error = self._lanes.result(job.handle)
                 if error is not None:
                     self._note_failure(job)
                 self._finished[job.job_id] = TransferResult(
                     job.job_id, error is None, job.direction, job.bytes, seconds, error)
-                del self._in_flight[job.job_id]
-                del self._by_seq[job.seq]
+                jobs.popleft()
+                self._in_flight.pop(job.job_id, None)
+                self._by_seq.pop(job.seq, None)
+                self._lanes.recycle(job.handle)
                 descriptors, job.descriptors = job.descriptors, None
                 if descriptors is not None:
                     self._descriptors.release(descriptors)

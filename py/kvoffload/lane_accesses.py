@@ -23,12 +23,14 @@ class LaneAccesses:
         self._tables: dict[tuple[str, str], np.ndarray] = {}  # (lane, side), made on first use
 
     def record(self, lane: str, gpu: np.ndarray, cpu: np.ndarray, seq: int) -> None:
-        """Job number ``seq`` of ``lane`` touches these keys."""
-        for side, keys in zip(SIDES, (gpu, cpu)):
-            table = self._tables.get((lane, side))
-            if table is None:
-                table = self._tables[lane, side] = np.zeros(self._sizes[side], dtype=np.int64)
-            _C.table_fill(table, keys, seq)
+        """Job number ``seq`` of ``lane`` touches these keys (both sides in one call: an
+        interrupt leaves both recorded or neither)."""
+        tables = []
+        for side in SIDES:
+            if (lane, side) not in self._tables:
+                self._tables[lane, side] = np.zeros(self._sizes[side], dtype=np.int64)
+            tables.append(self._tables[lane, side])
+        _C.tables_fill(tables[0], gpu, tables[1], cpu, seq)
 
     def touching(self, lane: str, side: str, keys: np.ndarray, since: int) -> np.ndarray:
         """The numbers >= since of ``lane``'s jobs that last touched one of these keys,

@@ -48,6 +48,22 @@ def key_offsets(layout: KVLayout) -> tuple[np.ndarray, np.ndarray, int, int]:
     return gpu, cpu, gpu_keys, cpu_keys
 
 
+def chunk_keyed_groups(layout: KVLayout) -> list[int]:
+    """The groups that share CPU tensors with a group of other page sizes: sub-block k of
+    a chunk lies at other bytes in each, so only whole chunks can name what they touch."""
+    pages = [tuple(t.page_bytes for t in group.tensors) for group in layout.groups]
+    return [g for g, root in enumerate(layout.cpu_alias)
+            if any(layout.cpu_alias[h] == root and pages[h] != pages[g] for h in range(len(pages)))]
+
+
+def whole_chunks(cpu_keys: np.ndarray, group_sizes, groups, cpu_offset, blocks_per_chunk: int) -> None:
+    """Rounds these groups' CPU keys down to their chunk's first key, in place."""
+    bounds = np.concatenate(([0], np.cumsum(group_sizes, dtype=np.int64)))
+    for g in groups:
+        keys = cpu_keys[bounds[g]:bounds[g + 1]]
+        keys -= (keys - cpu_offset[g]) % blocks_per_chunk
+
+
 def job_arguments(gpu: GPUSpec, cpu: CPUSpec) -> tuple:
     """(block_ids, chunk_ids, group_sizes, block_indices), as the table's calls take them."""
     return gpu.block_ids, cpu.chunk_ids, list(gpu.group_sizes), list(gpu.block_indices)

@@ -49,19 +49,32 @@ class CudaLanes:
         weakref.finalize(self, self._queue.put, None)  # a lane set never closed ends its thread
 
     def submit(self, lane, copy, waits, failing_with=()):
+        handle = self.make(lane, copy, waits, failing_with)
+        self.start(handle)
+        return handle
+
+    def make(self, lane, copy, waits, failing_with=()):
+        """A job that starts after the compute stream's work so far, once start()ed."""
         torch = self._torch
         events = self._events.pop() if self._events else (
             torch.cuda.Event(), torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         events[0].record(torch.cuda.current_stream(self._device))
         job = _CudaJob(*events, list(failing_with))
-        self._queue.put((job, self._streams[lane], copy, list(waits)))
-        self._last = job
+        job.item = (job, self._streams[lane], copy, list(waits))
         return job
+
+    def start(self, handle) -> None:
+        """Queues the job; starting it again is harmless (it runs once)."""
+        self._queue.put(handle.item)
+        self._last = handle
 
     @staticmethod
     def _enqueue_jobs(jobs: queue.SimpleQueue) -> None:
         while (item := jobs.get()) is not None:
             job, stream, copy, waits = item
+            if job.item is None:
+                continue  # started twice
+            job.item = None
             try:
                 stream.wait_event(job.ready)
                 for other in waits:  # enqueued before this one, by this thread
@@ -69,18 +82,19 @@ class CudaLanes:
                         stream.wait_event(other.end)
                 failed = [other.error for other in job.failing_with if other.error is not None]
                 job.start.record(stream)
-                if failed:
-                    job.error = f"reads bytes a failed job left partial ({failed[0]}); nothing copied"
-                else:
-                    try:
+                try:
+                    if failed:
+                        job.error = f"reads bytes a failed job left partial ({failed[0]}); nothing copied"
+                    else:
                         copy(stream=stream)
-                    except Exception as e:
-                        # Copies enqueued before the failure still run: the job stays in
-                        # flight until they are done, so jobs that depend on it wait.
-                        job.error = f"{type(e).__name__}: {e}"
-                job.end.record(stream)
-                job.recorded = True
-            except Exception as e:  # a stream or event call failed: nothing more to wait for
+                except BaseException as e:
+                    # Copies enqueued before the failure still run: the job stays in
+                    # flight until they are done, so jobs that depend on it wait.
+                    job.error = f"{type(e).__name__}: {e}"
+                finally:
+                    job.end.record(stream)
+                    job.recorded = True
+            except BaseException as e:  # a stream or event call failed
                 job.error = job.error or f"{type(e).__name__}: {e}"
             finally:
                 job.queued.release()
@@ -96,11 +110,21 @@ class CudaLanes:
         if recorded:
             handle.end.synchronize()
 
-    def finish(self, handle) -> tuple[float, str | None]:
-        """(seconds, error) of a done job; its events may be reused afterwards."""
+    @staticmethod
+    def result(handle) -> tuple[float, str | None]:
+        """(seconds, error) of a done job."""
         seconds = handle.start.elapsed_time(handle.end) / 1e3 if handle.recorded else 0.0
-        self._events.append((handle.ready, handle.start, handle.end))
         return seconds, handle.error
+
+    def recycle(self, handle) -> None:
+        """A done job's events may be reused."""
+        self._events.append((handle.ready, handle.start, handle.end))
+
+    def finish(self, handle) -> tuple[float, str | None]:
+        """result(), then recycle()."""
+        got = self.result(handle)
+        self.recycle(handle)
+        return got
 
     def fence(self, stream) -> None:
         """``stream`` waits for every job submitted so far (the host waits until they are
@@ -112,8 +136,10 @@ class CudaLanes:
             stream.wait_stream(lane)
 
     def close(self) -> None:
+        """Enqueues what was started, ends the thread and waits for the streams. Idempotent."""
         self._queue.put(None)
-        self._thread.join()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
         for stream in self._streams.values():
             stream.synchronize()
 
@@ -123,6 +149,7 @@ class _HostJob:
         self.copy = copy
         self.waits, self.failing_with = list(waits), list(failing_with)
         self.seconds, self.error = 0.0, None
+        self.taken = False  # a lane thread took it (a job started twice runs once)
         self.running = threading.Lock()  # held until the job is done
         self.running.acquire()
 
@@ -138,13 +165,25 @@ class HostLanes:
             thread.start()
 
     def submit(self, lane, copy, waits, failing_with=()):
+        handle = self.make(lane, copy, waits, failing_with)
+        self.start(handle)
+        return handle
+
+    def make(self, lane, copy, waits, failing_with=()):
         job = _HostJob(copy, waits, failing_with)
-        self._queues[lane].put(job)
+        job.lane = lane
         return job
+
+    def start(self, handle) -> None:
+        """Queues the job; starting it again is harmless (it runs once)."""
+        self._queues[handle.lane].put(handle)
 
     @staticmethod
     def _work(jobs: queue.SimpleQueue) -> None:
         while (job := jobs.get()) is not None:
+            if job.taken:
+                continue
+            job.taken = True
             try:
                 for other in job.waits:
                     HostLanes.wait(other)
@@ -155,7 +194,7 @@ class HostLanes:
                     start = time.perf_counter()
                     job.copy()
                     job.seconds = time.perf_counter() - start
-            except Exception as e:  # reported as the job's failure
+            except BaseException as e:  # reported as the job's failure; the lane goes on
                 job.error = f"{type(e).__name__}: {e}"
             finally:
                 job.running.release()
@@ -170,11 +209,21 @@ class HostLanes:
             return handle.error  # a statement: an exception raised at a bare `pass` skips the release
 
     @staticmethod
+    def result(handle) -> tuple[float, str | None]:
+        return handle.seconds, handle.error
+
+    @staticmethod
+    def recycle(handle) -> None:
+        del handle
+
+    @staticmethod
     def finish(handle) -> tuple[float, str | None]:
         return handle.seconds, handle.error
 
     def close(self) -> None:
+        """Runs what was started, then ends the threads. Idempotent."""
         for q in self._queues.values():
             q.put(None)
         for thread in self._threads:
-            thread.join()
+            if thread is not threading.current_thread():
+                thread.join()
