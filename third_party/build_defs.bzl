@@ -140,14 +140,16 @@ def kvoffload_py_test(name, srcs, deps = [], tags = [], size = "small", env = {}
         **kwargs
     )
 
-def kvoffload_py_benchmark(name, deps = []):
-    """`bazel run //bench:<name>`: the script <name>.py on the configured interpreter."""
+def kvoffload_py_benchmark(name, deps = [], testonly = False):
+    """`bazel run //bench:<name>`: the script <name>.py on the configured interpreter.
+    testonly when it times a test-only reference (tests/)."""
     native.py_binary(
         name = name,
         srcs = [name + ".py"],
         legacy_create_init = False,
         python_version = "PY3",
         tags = ["benchmark"],
+        testonly = testonly,
         deps = deps + [Label("//py/kvoffload")],
     )
 
