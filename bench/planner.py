@@ -4,14 +4,21 @@ and times the straightforward per-block loop on the same transfer.
   bazel run //bench:planner
 """
 
+import os
+import sys
 import time
 
 import numpy as np
 from absl import app, flags
 
 from kvoffload.planner import CPUSpec, GPUSpec, GroupLayout, KVLayout, TensorLayout, chunks_used, plan_transfer
-from kvoffload.planner_reference import plan_per_block
 from kvoffload.registry import MemoryRegistry
+
+try:
+    from planner_reference import plan_per_block
+except ImportError:  # run as bench/planner.py, not through Bazel: the oracle is in tests/
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    from planner_reference import plan_per_block
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("blocks", 8192, "GPU blocks in the transfer.")

@@ -9,9 +9,9 @@ from hypothesis import given, settings, strategies as st
 import kvoffload as kv
 from kvoffload.planner import (CPUSpec, GPUSpec, GroupLayout, KVLayout, TensorLayout,
                                chunks_used, plan_transfer)
-from kvoffload.planner_reference import plan_per_block
 from kv_model import POISON, KVModel
 from layouts import canonical, transfers
+from planner_reference import plan_per_block
 
 # ---- a KV cache of CPU tensors standing in for the GPU, and its CPU pool ----
 

@@ -4,10 +4,22 @@ load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
 load("@kvoffload_cuda//:defs.bzl", "CUDA_GENCODE")
 load("@kvoffload_python//:defs.bzl", "PYTHON_EXTENSION_SUFFIX")
 
+# The compiler options of kvoffload's C++ and CUDA compiles, set here only (nanobind's
+# library keeps the flags its own CMake uses, in nanobind/nanobind.BUILD).
+CXX_STANDARD = "c++17"
+_OPTIMIZATION = "-O2"
+
+# cc_* targets: copts = COPTS.
 COPTS = [
-    "-std=c++17",
-    "-O2",
+    "-std=" + CXX_STANDARD,
+    _OPTIMIZATION,
     "-Wall",
+]
+
+# nvcc: the same standard and optimization, which it also hands to the host compiler.
+_NVCC_COPTS = [
+    "-std=" + CXX_STANDARD,
+    _OPTIMIZATION,
 ]
 
 def _include_flags(compilation_context):
@@ -49,7 +61,7 @@ def _cuda_library_impl(ctx):
         args.add_all(["-x", "cu", "-c", src.path, "-o", obj.path])
         args.add_all(["-ccbin", cc_toolchain.compiler_executable])
         args.add_all(["-Xcompiler", "-fPIC"])
-        args.add_all(["-std=c++17", "-O2"])
+        args.add_all(_NVCC_COPTS)
         args.add_all(CUDA_GENCODE)
         args.add_all(_include_flags(compilation_context))
         args.add_all(ctx.attr.copts)
@@ -140,14 +152,16 @@ def kvoffload_py_test(name, srcs, deps = [], tags = [], size = "small", env = {}
         **kwargs
     )
 
-def kvoffload_py_benchmark(name, deps = []):
-    """`bazel run //bench:<name>`: the script <name>.py on the configured interpreter."""
+def kvoffload_py_benchmark(name, deps = [], testonly = False):
+    """`bazel run //bench:<name>`: the script <name>.py on the configured interpreter.
+    testonly when it times a test-only reference (tests/)."""
     native.py_binary(
         name = name,
         srcs = [name + ".py"],
         legacy_create_init = False,
         python_version = "PY3",
         tags = ["benchmark"],
+        testonly = testonly,
         deps = deps + [Label("//py/kvoffload")],
     )
 

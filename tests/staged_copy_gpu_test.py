@@ -1,0 +1,85 @@
+"""kvoffload.staged_copy on a GPU: odd sizes through a small ring that wraps around, host
+runs and a job larger than the ring, stream order, and the memory it refuses."""
+
+import numpy as np
+import pytest
+import torch
+
+import kvoffload as kv
+from gpu_pools import DIRECTIONS, check_refused, pool, run
+from scatter import POISON
+
+
+@pytest.fixture(autouse=True)
+def require_gpu():
+    assert torch.cuda.is_available(), "GPU tests need a CUDA device"
+
+
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+@pytest.mark.parametrize("size", [1, 17, 4096, 4097, 70_000])
+def test_staged_odd_sizes_wrap_around_a_small_ring(direction, size):
+    rng = np.random.default_rng(size)
+    # 200 copies through 2 slots of 64 KiB: the ring wraps many times.
+    result = run(kv.staged_copy, rng, direction, np.full(200, size), 1 << 17, True,
+                 pool_bytes=32 << 20, host_is_src=direction == "h2d", slot_bytes=64 << 10, slots=2)
+    assert result.path == "staged" and result.driver_calls >= -(-200 * size // (64 << 10))
+
+
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+def test_staged_host_runs_and_a_job_larger_than_the_ring(direction):
+    rng = np.random.default_rng(3)
+    pool_bytes = 64 << 20
+    src_where, dst_where = DIRECTIONS[direction]
+    src_bytes = rng.integers(0, 256, pool_bytes, dtype=np.uint8)
+    src, dst = pool(src_where, src_bytes), pool(dst_where, np.full(pool_bytes, POISON, np.uint8))
+    # Host side: 4 KiB blocks packed into runs; device side: scattered at random. 48 MiB
+    # moved through a ring of 4 x 4 MiB.
+    n, block = 12288, 4096
+    host_off = np.arange(n, dtype=np.int64) * block
+    dev_off = rng.permutation(pool_bytes // block)[:n].astype(np.int64) * block
+    s_off, d_off = (host_off, dev_off) if direction == "h2d" else (dev_off, host_off)
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    result = kv.staged_copy(s_off + src.data_ptr(), d_off + dst.data_ptr(), np.full(n, block),
+                            host_is_src=direction == "h2d", stream=stream, slot_bytes=4 << 20, slots=4,
+                            registry=kv.UNCHECKED)
+    stream.synchronize()
+    want = np.full(pool_bytes, POISON, np.uint8)
+    idx = (d_off[:, None] + np.arange(block)).ravel()
+    want[idx] = src_bytes[(s_off[:, None] + np.arange(block)).ravel()]
+    np.testing.assert_array_equal(dst.cpu().numpy(), want)
+    assert result.driver_calls == 12
+
+
+def test_staged_copy_follows_stream_order():
+    # A copy queued after a kernel that writes its source must see the written values.
+    src = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+    host = torch.full((1 << 20,), POISON, dtype=torch.uint8).pin_memory()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(1_000_000)
+        src.fill_(7)
+    offsets = np.arange(256, dtype=np.int64) * 4096
+    kv.staged_copy(offsets + src.data_ptr(), offsets + host.data_ptr(), np.full(256, 4096),
+                   host_is_src=False, stream=stream, registry=kv.UNCHECKED)
+    stream.synchronize()
+    assert (host == 7).all()
+
+
+def staged(host_is_src):
+    return lambda *args, **kwargs: kv.staged_copy(*args, host_is_src=host_is_src, **kwargs)
+
+
+REFUSED = {  # name -> (copy, src memory, dst memory, message)
+    "staged load from pageable": (staged(True), "pageable", "device", r"src\[0\]: .* neither page-locked"),
+    "staged store to pageable": (staged(False), "device", "pageable", r"dst\[0\]: .* neither page-locked"),
+    "staged load into host": (staged(True), "pinned", "pinned", r"dst\[0\]: .* is host memory where device memory"),
+    "staged store from host": (staged(False), "pinned", "pinned", r"src\[0\]: .* is host memory where device memory"),
+    "staged load from device": (staged(True), "device", "device",
+                                r"src\[0\]: .* is device memory where page-locked host memory is needed"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED.keys())
+def test_memory_a_staged_copy_cannot_reach_is_refused_before_copying(case):
+    check_refused(*REFUSED[case])

@@ -1,0 +1,192 @@
+"""kvoffload.transfer_lanes.HostLanes: one thread per lane runs the lane's jobs one at a
+time in submission order; a job waits for the jobs it is given from other lanes, fails
+without copying when one it reads from failed, and has its own exception reported by
+finish(), never raised; done() and wait() answer from any thread; close() ends the
+threads. Orders and timings are random, from seeded generators."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from kvoffload.transfer_lanes import HostLanes
+
+LANES = ["store", "load", "expedited"]
+TIMEOUT = 10.0  # seconds; every wait here ends within milliseconds unless lanes hang
+SEEDS = range(6)
+
+
+def within(fn, timeout=TIMEOUT):
+    """fn() run on another thread: its result, or a failure if it has not returned in time."""
+    out = {}
+
+    def call():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # re-raised on the test's thread
+            out["error"] = e
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"{fn} has not returned after {timeout} s"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+def settle(lanes, handles):
+    """Waits, with a deadline, until every handle is done."""
+    def all_done():
+        while not all(lanes.done(h) for h in handles):
+            time.sleep(0.001)
+    within(all_done)
+
+
+@pytest.fixture
+def lanes():
+    lanes = HostLanes(LANES)
+    yield lanes
+    within(lanes.close)
+
+
+class Log:
+    """What the jobs did, in the order they did it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.events = []  # ("start" | "end", job)
+        self.ended = set()
+
+    def job(self, i, seconds, waits_for=(), fail=False):
+        """Job i's copy: logs its start, checks that the jobs `waits_for` have ended,
+        sleeps, raises if `fail`, else logs its end."""
+        def copy():
+            with self._lock:
+                self.events.append(("start", i))
+                early = sorted(set(waits_for) - self.ended)
+            assert not early, f"job {i} started before jobs {early} ended"
+            time.sleep(seconds)
+            if fail:
+                raise RuntimeError(f"job {i} broke")
+            with self._lock:
+                self.events.append(("end", i))
+                self.ended.add(i)
+        return copy
+
+
+def random_lane(rng):
+    return LANES[rng.integers(len(LANES))]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_lanes_jobs_run_one_at_a_time_in_submission_order(lanes, seed):
+    rng = np.random.default_rng(seed)
+    log, handles, lane_of = Log(), [], []
+    for i in range(60):
+        lane_of.append(random_lane(rng))
+        handles.append(lanes.submit(lane_of[i], log.job(i, rng.uniform(0, 0.002)), []))
+        if rng.random() < 0.2:
+            time.sleep(rng.uniform(0, 0.002))
+    settle(lanes, handles)
+    assert [lanes.finish(h)[1] for h in handles] == [None] * len(handles)
+    for lane in LANES:
+        ours = [i for i in range(len(lane_of)) if lane_of[i] == lane]
+        # Each job starts after the one before it ended, in submission order.
+        assert [event for event in log.events if event[1] in ours] == \
+            [(kind, i) for i in ours for kind in ("start", "end")], lane
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_job_starts_after_the_jobs_it_waits_for(lanes, seed):
+    rng = np.random.default_rng(seed)
+    log, handles, lane_of = Log(), [], []
+    for i in range(60):
+        lane = random_lane(rng)
+        others = [j for j in range(i) if lane_of[j] != lane]
+        waits = sorted(rng.choice(others, size=min(len(others), int(rng.integers(0, 4))), replace=False).tolist())
+        handles.append(lanes.submit(lane, log.job(i, rng.uniform(0, 0.003), waits_for=waits),
+                                    [handles[j] for j in waits]))
+        lane_of.append(lane)
+    settle(lanes, handles)
+    assert [lanes.finish(h)[1] for h in handles] == [None] * len(handles)
+    assert log.ended == set(range(len(handles)))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_job_reading_from_a_failed_job_fails_without_copying(lanes, seed):
+    rng = np.random.default_rng(seed)
+    log, handles, want = Log(), [], []  # want[i]: job i's error, or None
+    for i in range(60):
+        lane = random_lane(rng)
+        waits = sorted(rng.choice(i, size=min(i, int(rng.integers(0, 4))), replace=False).tolist())
+        reads = [j for j in waits if rng.random() < 0.6]
+        fail = bool(rng.random() < 0.25)
+        failed = [want[j] for j in reads if want[j] is not None]
+        want.append(f"reads bytes a failed job left partial ({failed[0]}); nothing copied" if failed
+                    else f"RuntimeError: job {i} broke" if fail else None)
+        handles.append(lanes.submit(lane, log.job(i, rng.uniform(0, 0.001), fail=fail),
+                                    [handles[j] for j in waits], failing_with=[handles[j] for j in reads]))
+    settle(lanes, handles)
+    assert [lanes.finish(h)[1] for h in handles] == want
+    # Jobs that read from a failed one never started copying.
+    started = {i for kind, i in log.events if kind == "start"}
+    assert started == {i for i, error in enumerate(want) if error is None or error.startswith("RuntimeError")}
+    assert any(error and error.startswith("reads") for error in want)
+
+
+def test_a_jobs_exception_is_reported_by_finish_and_later_jobs_still_run(lanes):
+    log = Log()
+
+    def broken():
+        raise ValueError("no such block")
+
+    first = lanes.submit("load", log.job(0, 0.001), [])
+    failing = lanes.submit("load", broken, [first])  # returns: the error is the job's
+    later = [lanes.submit("load", log.job(i, 0.001), []) for i in (2, 3)]
+    settle(lanes, [first, failing, *later])
+    assert lanes.wait(failing) == "ValueError: no such block"
+    assert lanes.finish(failing)[1] == "ValueError: no such block"
+    assert [lanes.finish(h)[1] for h in (first, *later)] == [None] * 3
+    assert log.ended == {0, 2, 3}
+
+
+def test_finish_reports_the_time_the_copy_took(lanes):
+    handle = lanes.submit("store", lambda: time.sleep(0.05), [])
+    within(lambda: lanes.wait(handle))
+    seconds, error = lanes.finish(handle)
+    assert error is None and 0.05 <= seconds < 5
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_done_and_wait_answer_from_other_threads(lanes, seed):
+    rng = np.random.default_rng(seed)
+    gate = threading.Event()
+    blocked = lanes.submit(random_lane(rng), lambda: gate.wait(TIMEOUT), [])
+    returned = []
+    waiters = [threading.Thread(target=lambda: returned.append(lanes.wait(blocked)), daemon=True)
+               for _ in range(int(rng.integers(1, 4)))]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(rng.uniform(0.01, 0.03))
+    assert within(lambda: lanes.done(blocked)) is False
+    assert not returned and all(waiter.is_alive() for waiter in waiters)
+    gate.set()
+    for waiter in waiters:
+        waiter.join(TIMEOUT)
+    assert returned == [None] * len(waiters)
+    assert within(lambda: lanes.done(blocked)) is True
+    assert lanes.finish(blocked)[1] is None
+
+
+def test_close_ends_the_lanes_threads():
+    rng = np.random.default_rng(0)
+    before = set(threading.enumerate())
+    lanes = HostLanes(LANES)
+    threads = set(threading.enumerate()) - before
+    assert len(threads) == len(LANES)
+    handles = [lanes.submit(random_lane(rng), lambda: time.sleep(0.001), []) for _ in range(20)]
+    settle(lanes, handles)
+    within(lanes.close)
+    assert not any(thread.is_alive() for thread in threads)
