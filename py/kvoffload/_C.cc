@@ -22,6 +22,7 @@
 #include "cc/first_touch.h"
 #include "cc/host_copy.h"
 #include "cc/host_memory.h"
+#include "cc/memory_map.h"  // through //cc:copy_kernel
 #include "cc/page_copy.h"
 #include "cc/page_table.h"
 #include "cc/pinned_pool.h"
@@ -587,6 +588,12 @@ NB_MODULE(_C, m) {
       .value("DURING_API_CALL", SrcAccessOrder::kDuringApiCall,
              "before the submitting call returns")
       .value("ANY", SrcAccessOrder::kAny, "at any time; the source must be quiescent");
+
+  // kvoffload.vocabulary.MemoryKind's members are these, but UNKNOWN.
+  nb::enum_<MemoryKind>(m, "MemoryKind", "What memory an address is, as the driver says.")
+      .value("UNKNOWN", MemoryKind::kUnknown, "unknown to the driver: pageable host memory")
+      .value("HOST", MemoryKind::kHost, "page-locked host memory")
+      .value("DEVICE", MemoryKind::kDevice, "device or managed memory");
 
   nb::class_<CopyResult>(m, "CopyResult", "What a copy call did.")
       .def_prop_ro("path", [](const CopyResult& r) { return PathName(PathFor(r.reason)); })
