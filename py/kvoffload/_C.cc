@@ -266,6 +266,11 @@ Int64Vector Snapshot(const Int64Array& array) {
   return Int64Vector(copy->data(), {copy->size()}, owner);
 }
 
+// The one normaliser of an int64 array argument: a validated copy, read once.
+Int64Vector PyInt64Vector(nb::handle values, const std::string& name) {
+  return Snapshot(Int64Array(values, name.c_str(), 1));
+}
+
 // Validated copies of src, dst and sizes, read once: what is checked against a registry
 // is what is copied, whatever the caller's arrays hold by then.
 nb::tuple PyCopyArrays(nb::handle src, nb::handle dst, nb::handle sizes) {
@@ -608,22 +613,29 @@ NB_MODULE(_C, m) {
                ", driver_calls=" + std::to_string(r.driver_calls) + ")";
       });
 
-  m.def("batch_copy", &PyBatchCopy, nb::arg("src"), nb::arg("dst"), nb::arg("sizes"),
-        nb::arg("stream").none() = nb::none(),
-        nb::arg("order") = static_cast<int>(SrcAccessOrder::kStream),
+  // Array arguments take None too, so that Int64Array's message names them.
+  m.def("batch_copy", &PyBatchCopy, nb::arg("src").none(), nb::arg("dst").none(),
+        nb::arg("sizes").none(), nb::arg("stream").none() = nb::none(),
+        nb::arg("order").none() = static_cast<int>(SrcAccessOrder::kStream),
         nb::arg("max_copies_per_call") = 0, nb::arg("per_copy") = false);
-  m.def("kernel_copy", &PyKernelCopy, nb::arg("src"), nb::arg("dst"), nb::arg("sizes"),
+  m.def("kernel_copy", &PyKernelCopy, nb::arg("src").none(), nb::arg("dst").none(),
+        nb::arg("sizes").none(),
         nb::arg("stream").none() = nb::none(), nb::arg("max_ctas") = 8,
         nb::arg("piece_bytes") = int64_t{64} << 10);
-  m.def("staged_copy", &PyStagedCopy, nb::arg("src"), nb::arg("dst"), nb::arg("sizes"),
+  m.def("staged_copy", &PyStagedCopy, nb::arg("src").none(), nb::arg("dst").none(),
+        nb::arg("sizes").none(),
         nb::arg("host_is_src"), nb::arg("stream").none() = nb::none(),
         nb::arg("slot_bytes") = int64_t{16} << 20, nb::arg("slots") = 4, nb::arg("max_ctas") = 8);
-  m.def("host_copy", &PyHostCopy, nb::arg("src"), nb::arg("dst"), nb::arg("sizes"),
-        nb::arg("threads") = 0);
-  m.def("copy_arrays", &PyCopyArrays, nb::arg("src"), nb::arg("dst"), nb::arg("sizes"));
-  m.def("copy_blocks", &PyCopyBlocks, nb::arg("src"), nb::arg("dst"), nb::arg("block_mapping"),
-        nb::arg("stream").none() = nb::none(),
-        nb::arg("order") = static_cast<int>(SrcAccessOrder::kStream),
+  m.def("host_copy", &PyHostCopy, nb::arg("src").none(), nb::arg("dst").none(),
+        nb::arg("sizes").none(), nb::arg("threads") = 0);
+  m.def("copy_arrays", &PyCopyArrays, nb::arg("src").none(), nb::arg("dst").none(),
+        nb::arg("sizes").none());
+  m.def("int64_vector", &PyInt64Vector, nb::arg("values").none(), nb::arg("name"),
+        "values (a 1-D int64 host array or a sequence of ints) validated and copied; "
+        "errors name the argument `name`.");
+  m.def("copy_blocks", &PyCopyBlocks, nb::arg("src").none(), nb::arg("dst").none(),
+        nb::arg("block_mapping").none(), nb::arg("stream").none() = nb::none(),
+        nb::arg("order").none() = static_cast<int>(SrcAccessOrder::kStream),
         nb::arg("max_copies_per_call") = 0);
   m.def(
       "device_path",

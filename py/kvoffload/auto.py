@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from kvoffload import calibration as calibrations
-from kvoffload.batch_copy import (CopyResult, SrcAccessOrder, batch_copy, kernel_copy, staged_copy,
-                                  stream_device)
+from kvoffload.batch_copy import (CopyResult, SrcAccessOrder, batch_copy, copy_arguments, kernel_copy,
+                                  staged_copy, stream_device)
 from kvoffload.calibration import RUN_BYTES, Calibration
 from kvoffload.vocabulary import Direction
 
@@ -77,10 +77,11 @@ def copy(src, dst, sizes, stream=None, *, direction: Direction | str, method: st
     direction = Direction.parse(direction, "direction")
     if max_slowdown is not None and not max_slowdown >= 0:
         raise ValueError(f"max_slowdown: must be >= 0 or None, got {max_slowdown!r}")
+    # Arguments first, as every method checks them: the same error whichever runs.
+    _, src, dst, sizes = copy_arguments(registry, src, dst, sizes)
     if method == "auto":
         cal = calibrations.calibration(stream_device(stream))
-        sizes = np.asarray(sizes, dtype=np.int64)
-        host = np.asarray(direction.host_of(src, dst), dtype=np.int64)
+        host = direction.host_of(src, dst)
         mean = float(sizes.mean()) if len(sizes) else 0.0
         method, _ = choose(cal, direction, mean, mean_host_run(host, sizes), max_slowdown)
     return run_method(method, src, dst, sizes, stream, direction, order, registry=registry)

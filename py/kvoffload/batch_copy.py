@@ -31,12 +31,20 @@ Stream = Any  # None, an int handle, or a stream object
 Orders = Union[SrcAccessOrder, int, Int64Array]
 
 
-def _checked(registry, src, dst, sizes, src_kind=ANY, dst_kind=ANY):
-    """The arrays validated and read once, then checked against ``registry``: the copy
-    gets the arrays that were checked, and bad arguments raise the same error in both
-    modes."""
+def copy_arguments(registry, src, dst, sizes):
+    """The first step of every raw-pointer call, whatever its method: ``registry``'s type
+    (the MemoryRegistry, or None for UNCHECKED), then src, dst and sizes validated and
+    read once (kvoffload._C: 1-D int64 host arrays, C-contiguous, of one length, or
+    sequences of ints; pointers and sizes positive). So a bad argument raises the same
+    error, naming it, in every mode."""
     checked = require_registry(registry)
-    src, dst, sizes = _C.copy_arrays(src, dst, sizes)
+    return (checked,) + tuple(_C.copy_arrays(src, dst, sizes))
+
+
+def _checked(registry, src, dst, sizes, src_kind=ANY, dst_kind=ANY):
+    """copy_arguments(), then the arrays checked against the registry: the copy gets the
+    arrays that were checked."""
+    checked, src, dst, sizes = copy_arguments(registry, src, dst, sizes)
     if checked is not None:
         checked.check_copies(src, dst, sizes, src_kind, dst_kind)
     return src, dst, sizes

@@ -20,6 +20,7 @@ import dataclasses
 
 import numpy as np
 
+from kvoffload import _C
 from kvoffload.vocabulary import MemoryKind
 
 ANY = "any"  # a check's kind: either
@@ -53,20 +54,6 @@ class Region:
 
     def overlaps(self, start: int, end: int) -> bool:
         return self.start < end and start < self.end
-
-
-def _int64_array(values, what: str) -> np.ndarray:
-    try:
-        array = np.asarray(values)
-    except (OverflowError, ValueError) as e:
-        raise ValueError(f"{what}: not an array of int64 ({e})") from None
-    if array.size == 0:
-        return np.zeros(0, np.int64)
-    if array.ndim != 1 or array.dtype.kind not in "iu":
-        raise TypeError(f"{what}: expected a 1-D int64 array or a sequence of ints")
-    if array.dtype == np.uint64 and (array > np.iinfo(np.int64).max).any():
-        raise ValueError(f"{what}: does not fit in int64")
-    return array.astype(np.int64, copy=False)
 
 
 def _int(value, what: str) -> int:
@@ -167,7 +154,7 @@ class MemoryRegistry:
         inside one registered region of ``kind`` (a MemoryKind, "device", "host" or "any")."""
         if kind != ANY:
             kind = MemoryKind.parse(kind, "kind")
-        addresses, sizes = _int64_array(addresses, what), _int64_array(sizes, "sizes")
+        addresses, sizes = _C.int64_vector(addresses, what), _C.int64_vector(sizes, "sizes")
         if addresses.shape != sizes.shape:
             raise ValueError(f"{what}: has {len(addresses)} entries but sizes has {len(sizes)}")
         starts, ends, regions = self._merged(kind)
