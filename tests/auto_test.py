@@ -69,7 +69,7 @@ def test_mean_host_run_counts_ranges_that_follow_each_other_in_order():
 
 
 def test_bad_method_or_direction_raise_before_copying():
-    with pytest.raises(ValueError, match=r"direction: expected 'h2d' or 'd2h'"):
+    with pytest.raises(ValueError, match=r"direction: expected one of \('h2d', 'load', 'd2h', 'store'\), got 'up'"):
         auto.copy([1], [2], [3], direction="up", method="batch", registry=kv.UNCHECKED)
     with pytest.raises(ValueError, match=r"method: expected one of"):
         auto.copy([1], [2], [3], direction="h2d", method="fastest", registry=kv.UNCHECKED)

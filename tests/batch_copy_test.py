@@ -435,3 +435,75 @@ class TestCopyBlocksSoundness:
         kv.copy_blocks(src, dst, np.array([[5, 1]]), stream=np.int64(0), order=np.int64(3))
         np.testing.assert_array_equal(dst[1], src[5])
         assert kv.device_path(np.int64(CREATED_STREAM), True) == kv.device_path(CREATED_STREAM, True)
+
+
+# One bad argument, every entry point and mode: the same exception and message. Each case
+# turns valid (src, dst, sizes) into bad ones; torch without CUDA cannot make the GPU case.
+ONE_BAD_ARGUMENT = {
+    "2-D dst": (lambda s, d, z: (s, d.reshape(-1, 1), z), ValueError, "dst: expected a 1-D array, got 2-D"),
+    "int32 src": (lambda s, d, z: (s.astype(np.int32), d, z), TypeError, "src: expected dtype int64"),
+    "uint64 dst": (lambda s, d, z: (s, d.astype(np.uint64), z), TypeError, "dst: expected dtype int64"),
+    "torch int32 sizes": (lambda s, d, z: (s, d, torch.from_numpy(z).int()), TypeError, "sizes: expected dtype int64"),
+    "float sizes": (lambda s, d, z: (s, d, z.astype(np.float64)), TypeError, "sizes: expected dtype int64"),
+    "bool sizes": (lambda s, d, z: (s, d, z > 0), TypeError, "sizes: expected dtype int64"),
+    "strided src": (lambda s, d, z: (np.repeat(s, 2)[::2], d, z), ValueError, "src: must be C-contiguous"),
+    "0-D sizes": (lambda s, d, z: (s, d, np.int64(8)), ValueError, "sizes: expected a 1-D array, got 0-D"),
+    "None src": (lambda s, d, z: (None, d, z), TypeError,
+                 "src: expected a 1-D int64 array or a sequence of ints, got NoneType"),
+    "None sizes": (lambda s, d, z: (s, d, None), TypeError,
+                   "sizes: expected a 1-D int64 array or a sequence of ints, got NoneType"),
+    "short dst": (lambda s, d, z: (s, d[:-1], z), ValueError, "dst: has 4 entries but src has 5"),
+    "long sizes": (lambda s, d, z: (s, d, np.append(z, 8)), ValueError, "sizes: has 6 entries but src has 5"),
+    "float in list": (lambda s, d, z: (s, d, [8.0] + z.tolist()[1:]), TypeError, r"sizes[0]: expected an int, got float"),
+    "zero size": (lambda s, d, z: (s, d, np.where(np.arange(5) == 3, 0, z)), ValueError, "sizes[3]: must be > 0, got 0"),
+    "CUDA src": (lambda s, d, z: (torch.from_numpy(s).cuda(), d, z), ValueError,
+                 "src: must be in host memory, got device type 2"),
+}
+NEEDS_CUDA = {"CUDA src"}
+# Errors of one array, the same from the registry's own check (lengths and values are
+# the copy calls' to check).
+ONE_ARRAY_CASES = {"2-D dst", "int32 src", "uint64 dst", "torch int32 sizes", "float sizes", "bool sizes",
+                   "strided src", "0-D sizes", "None src", "None sizes", "CUDA src"}
+
+
+def every_mode(registry):
+    """name -> copy(src, dst, sizes) for every raw-pointer entry point with ``registry``."""
+    from kvoffload import auto
+
+    modes = {
+        "host_copy": functools.partial(kv.host_copy, registry=registry),
+        "batch_copy": functools.partial(kv.batch_copy, registry=registry),
+        "batch_copy per_copy": functools.partial(kv.batch_copy, per_copy=True, registry=registry),
+        "kernel_copy": functools.partial(kv.kernel_copy, registry=registry),
+        "staged_copy h2d": functools.partial(kv.staged_copy, direction="h2d", registry=registry),
+        "staged_copy d2h": functools.partial(kv.staged_copy, direction="d2h", registry=registry),
+    }
+    for method in ("auto",) + auto.METHODS:
+        for direction in kv.Direction:
+            modes[f"auto.copy {method} {direction}"] = functools.partial(
+                auto.copy, direction=direction, method=method, registry=registry)
+    return modes
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.skipif(
+    c in NEEDS_CUDA and not torch.cuda.is_available(), reason="needs a CUDA tensor")) for c in ONE_BAD_ARGUMENT])
+def test_one_bad_argument_gets_one_error_in_every_mode(rng, case):
+    change, error, message = ONE_BAD_ARGUMENT[case]
+    src, dst = random_bytes(rng, 4096), poisoned(4096)
+    offsets = rng.permutation(4096 // 64)[:5].astype(np.int64) * 64
+    args = change(offsets + src.ctypes.data, offsets + dst.ctypes.data, rng.integers(1, 65, 5))
+    registry = kv.MemoryRegistry()
+    registry.register("src", src.ctypes.data, src.nbytes, kv.MemoryKind.HOST)
+    registry.register("dst", dst.ctypes.data, dst.nbytes, kv.MemoryKind.HOST)
+    raised = {}
+    for name, copy in {**{f"{m}, unchecked": c for m, c in every_mode(kv.UNCHECKED).items()},
+                       **{f"{m}, registry": c for m, c in every_mode(registry).items()}}.items():
+        with pytest.raises(Exception) as e:
+            copy(*args)
+        raised[name] = (type(e.value), str(e.value))
+    if case in ONE_ARRAY_CASES:
+        with pytest.raises(Exception) as e:
+            registry.check_copies(*args)
+        raised["MemoryRegistry.check_copies"] = (type(e.value), str(e.value))
+    assert {mode: got for mode, got in raised.items() if got != (error, message)} == {}
+    assert (dst == POISON).all()

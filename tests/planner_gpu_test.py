@@ -38,14 +38,14 @@ def test_multi_group_round_trip(bpc):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     store = kv.batch_copy(*plan.store(), stream=stream,
-                          order=safe_order(MemoryKind.DEVICE, MemoryKind.PINNED_HOST, PendingWrites.UNKNOWN), registry=kv.UNCHECKED)
+                          order=safe_order(MemoryKind.DEVICE, MemoryKind.HOST, PendingWrites.UNKNOWN), registry=kv.UNCHECKED)
     stream.synchronize()
     for g in gpu:
         for t in g:
             t.fill_(0)
     torch.cuda.synchronize()
     load = kv.batch_copy(*plan.load(), stream=stream,
-                         order=safe_order(MemoryKind.PINNED_HOST, MemoryKind.DEVICE, PendingWrites.NO), registry=kv.UNCHECKED)
+                         order=safe_order(MemoryKind.HOST, MemoryKind.DEVICE, PendingWrites.NO), registry=kv.UNCHECKED)
     stream.synchronize()
     assert store.path == load.path == "batch"
 

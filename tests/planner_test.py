@@ -173,9 +173,11 @@ BAD_SPECS = {
     "indices length": (lambda: GPUSpec([1, 2], [1, 1], [0]), ValueError, r"block_indices: has 1 entries but group_sizes has 2"),
     "negative size": (lambda: GPUSpec([1], [-1, 2], [0, 0]), ValueError, r"group_sizes\[0\]: must be >= 0"),
     "negative index": (lambda: GPUSpec([1], [1], [-3]), ValueError, r"block_indices\[0\]: must be >= 0"),
-    "float ids": (lambda: GPUSpec([1.0, 2.0], [2], [0]), TypeError, r"block_ids: expected integers"),
+    "float ids": (lambda: GPUSpec([1.0, 2.0], [2], [0]), TypeError, r"block_ids: expected dtype int64"),
     "2-D chunks": (lambda: CPUSpec([[1, 2]]), ValueError, r"chunk_ids: expected a 1-D array"),
     "bool size": (lambda: GPUSpec([1], [True], [0]), TypeError, r"group_sizes\[0\]: expected an int"),
+    "None ids": (lambda: GPUSpec(None, [0], [0]), TypeError, r"block_ids: expected a 1-D int64 array or a sequence of ints, got NoneType"),
+    "2-D chunk array": (lambda: CPUSpec(np.arange(4)[::2].reshape(1, 2)), ValueError, r"chunk_ids: expected a 1-D array, got 2-D"),
     "page over stride": (lambda: TensorLayout(1, 32, 64, 1, 64), ValueError, r"gpu_stride: must be >= 64"),
     "null base": (lambda: TensorLayout(0, 64, 64, 1, 64), ValueError, r"gpu_base: must be >= 1"),
     "chunk too small": (lambda: KVLayout((GroupLayout((TensorLayout(1, 64, 64, 1, 64),), 1, 1),), 2),
@@ -194,6 +196,19 @@ def test_bad_specs_and_layouts(case):
     make, error, message = BAD_SPECS[case]
     with pytest.raises(error, match=message):
         make()
+
+
+def test_ids_of_any_integer_array_are_copied_as_int64():
+    rng = np.random.default_rng(8)
+    ids = rng.permutation(1000)[:40]
+    for given in (ids.astype(np.int32), ids.astype(np.uint16), ids[::-1][::-1], ids.tolist(), torch.from_numpy(ids)):
+        spec = CPUSpec(given)
+        assert spec.chunk_ids.dtype == np.int64 and spec.chunk_ids.flags.c_contiguous
+        np.testing.assert_array_equal(spec.chunk_ids, ids)
+    mine = ids.copy()
+    spec = GPUSpec(mine, [40], [0])
+    mine[:] = -1  # the spec holds its own copy
+    np.testing.assert_array_equal(spec.block_ids, ids)
 
 
 def test_interleaved_tensors_are_not_an_overlap():

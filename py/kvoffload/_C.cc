@@ -23,6 +23,7 @@
 #include "cc/first_touch.h"
 #include "cc/host_copy.h"
 #include "cc/host_memory.h"
+#include "cc/memory_map.h"  // through //cc:copy_kernel
 #include "cc/page_copy.h"
 #include "cc/page_table.h"
 #include "cc/pinned_pool.h"
@@ -264,6 +265,11 @@ Int64Vector Snapshot(const Int64Array& array) {
   auto* copy = new std::vector<int64_t>(array.data(), array.data() + array.size());
   nb::capsule owner(copy, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
   return Int64Vector(copy->data(), {copy->size()}, owner);
+}
+
+// The one normaliser of an int64 array argument: a validated copy, read once.
+Int64Vector PyInt64Vector(nb::handle values, const std::string& name) {
+  return Snapshot(Int64Array(values, name.c_str(), 1));
 }
 
 // Validated copies of src, dst and sizes, read once: what is checked against a registry
@@ -600,6 +606,12 @@ NB_MODULE(_C, m) {
              "before the submitting call returns")
       .value("ANY", SrcAccessOrder::kAny, "at any time; the source must be quiescent");
 
+  // kvoffload.vocabulary.MemoryKind's members are these, but UNKNOWN.
+  nb::enum_<MemoryKind>(m, "MemoryKind", "What memory an address is, as the driver says.")
+      .value("UNKNOWN", MemoryKind::kUnknown, "unknown to the driver: pageable host memory")
+      .value("HOST", MemoryKind::kHost, "page-locked host memory")
+      .value("DEVICE", MemoryKind::kDevice, "device or managed memory");
+
   nb::class_<CopyResult>(m, "CopyResult", "What a copy call did.")
       .def_prop_ro("path", [](const CopyResult& r) { return PathName(PathFor(r.reason)); })
       .def_prop_ro("reason", [](const CopyResult& r) { return ReasonText(r.reason); })
@@ -613,22 +625,29 @@ NB_MODULE(_C, m) {
                ", driver_calls=" + std::to_string(r.driver_calls) + ")";
       });
 
-  m.def("batch_copy", &PyBatchCopy, nb::arg("src"), nb::arg("dst"), nb::arg("sizes"),
-        nb::arg("stream").none() = nb::none(),
-        nb::arg("order") = static_cast<int>(SrcAccessOrder::kStream),
+  // Array arguments take None too, so that Int64Array's message names them.
+  m.def("batch_copy", &PyBatchCopy, nb::arg("src").none(), nb::arg("dst").none(),
+        nb::arg("sizes").none(), nb::arg("stream").none() = nb::none(),
+        nb::arg("order").none() = static_cast<int>(SrcAccessOrder::kStream),
         nb::arg("max_copies_per_call") = 0, nb::arg("per_copy") = false);
-  m.def("kernel_copy", &PyKernelCopy, nb::arg("src"), nb::arg("dst"), nb::arg("sizes"),
+  m.def("kernel_copy", &PyKernelCopy, nb::arg("src").none(), nb::arg("dst").none(),
+        nb::arg("sizes").none(),
         nb::arg("stream").none() = nb::none(), nb::arg("max_ctas") = 8,
         nb::arg("piece_bytes") = int64_t{64} << 10);
-  m.def("staged_copy", &PyStagedCopy, nb::arg("src"), nb::arg("dst"), nb::arg("sizes"),
+  m.def("staged_copy", &PyStagedCopy, nb::arg("src").none(), nb::arg("dst").none(),
+        nb::arg("sizes").none(),
         nb::arg("host_is_src"), nb::arg("stream").none() = nb::none(),
         nb::arg("slot_bytes") = int64_t{16} << 20, nb::arg("slots") = 4, nb::arg("max_ctas") = 8);
-  m.def("host_copy", &PyHostCopy, nb::arg("src"), nb::arg("dst"), nb::arg("sizes"),
-        nb::arg("threads") = 0);
-  m.def("copy_arrays", &PyCopyArrays, nb::arg("src"), nb::arg("dst"), nb::arg("sizes"));
-  m.def("copy_blocks", &PyCopyBlocks, nb::arg("src"), nb::arg("dst"), nb::arg("block_mapping"),
-        nb::arg("stream").none() = nb::none(),
-        nb::arg("order") = static_cast<int>(SrcAccessOrder::kStream),
+  m.def("host_copy", &PyHostCopy, nb::arg("src").none(), nb::arg("dst").none(),
+        nb::arg("sizes").none(), nb::arg("threads") = 0);
+  m.def("copy_arrays", &PyCopyArrays, nb::arg("src").none(), nb::arg("dst").none(),
+        nb::arg("sizes").none());
+  m.def("int64_vector", &PyInt64Vector, nb::arg("values").none(), nb::arg("name"),
+        "values (a 1-D int64 host array or a sequence of ints) validated and copied; "
+        "errors name the argument `name`.");
+  m.def("copy_blocks", &PyCopyBlocks, nb::arg("src").none(), nb::arg("dst").none(),
+        nb::arg("block_mapping").none(), nb::arg("stream").none() = nb::none(),
+        nb::arg("order").none() = static_cast<int>(SrcAccessOrder::kStream),
         nb::arg("max_copies_per_call") = 0);
   m.def(
       "device_path",

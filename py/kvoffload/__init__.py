@@ -19,6 +19,7 @@ from kvoffload.batch_copy import (
     stream_device,
 )
 from kvoffload.registry import UNCHECKED, MemoryRegistry
+from kvoffload.vocabulary import Direction, MemoryKind
 
 __all__ = [
     "HOST_THREADING_BYTES",
@@ -26,6 +27,8 @@ __all__ = [
     "MemoryRegistry",
     "CopyResult",
     "CudaError",
+    "Direction",
+    "MemoryKind",
     "NoCudaDeviceError",
     "SrcAccessOrder",
     "batch_copy",

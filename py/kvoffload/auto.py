@@ -14,15 +14,17 @@ from __future__ import annotations
 import numpy as np
 
 from kvoffload import calibration as calibrations
-from kvoffload.batch_copy import (CopyResult, SrcAccessOrder, batch_copy, kernel_copy, staged_copy,
-                                  stream_device)
+from kvoffload.batch_copy import (CopyResult, SrcAccessOrder, batch_copy, copy_arguments, kernel_copy,
+                                  staged_copy, stream_device)
 from kvoffload.calibration import RUN_BYTES, Calibration
+from kvoffload.vocabulary import Direction
 
 METHODS = ("per_copy", "batch", "kernel", "staged")
 MAX_SLOWDOWN = 0.02
 
 
-def run_method(method, src, dst, sizes, stream, direction, order=SrcAccessOrder.STREAM, *, registry):
+def run_method(method, src, dst, sizes, stream, direction: Direction | str, order=SrcAccessOrder.STREAM, *,
+               registry):
     if method == "per_copy":
         return batch_copy(src, dst, sizes, stream, order=order, per_copy=True, registry=registry)
     if method == "batch":
@@ -30,7 +32,7 @@ def run_method(method, src, dst, sizes, stream, direction, order=SrcAccessOrder.
     if method == "kernel":
         return kernel_copy(src, dst, sizes, stream, registry=registry)
     if method == "staged":
-        return staged_copy(src, dst, sizes, direction == "h2d", stream, registry=registry)
+        return staged_copy(src, dst, sizes, Direction.parse(direction, "direction"), stream, registry=registry)
     raise ValueError(f"method: expected one of {METHODS} or 'auto', got {method!r}")
 
 
@@ -43,7 +45,7 @@ def mean_host_run(host: np.ndarray, sizes: np.ndarray) -> float:
     return float(sizes.sum()) / runs
 
 
-def choose(cal: Calibration, direction: str, copy_bytes: float, host_run_bytes: float,
+def choose(cal: Calibration, direction: Direction | str, copy_bytes: float, host_run_bytes: float,
            max_slowdown: float | None = MAX_SLOWDOWN) -> tuple[str, float]:
     """(method, predicted GB/s) for a job. Where no method is within max_slowdown, the
     one that slows the model least."""
@@ -62,24 +64,24 @@ def choose(cal: Calibration, direction: str, copy_bytes: float, host_run_bytes: 
     return best, cal.rate_beside(best, direction, copy_bytes)
 
 
-def copy(src, dst, sizes, stream=None, *, direction: str, method: str = "auto",
+def copy(src, dst, sizes, stream=None, *, direction: Direction | str, method: str = "auto",
          max_slowdown: float | None = MAX_SLOWDOWN, order=SrcAccessOrder.STREAM,
          registry) -> CopyResult:
     """Copies with ``method``; "auto" picks one from the calibration of the stream's
     device (see the module doc).
 
-    ``direction``: "h2d" or "d2h". ``order`` applies to the batch and per-copy methods;
-    the kernel and staged copies read in stream order. ``registry``: as for
-    kvoffload.batch_copy.
+    ``direction``: a Direction, or "h2d"/"load" or "d2h"/"store". ``order`` applies to
+    the batch and per-copy methods; the kernel and staged copies read in stream order.
+    ``registry``: as for kvoffload.batch_copy.
     """
-    if direction not in ("h2d", "d2h"):
-        raise ValueError(f"direction: expected 'h2d' or 'd2h', got {direction!r}")
+    direction = Direction.parse(direction, "direction")
     if max_slowdown is not None and not max_slowdown >= 0:
         raise ValueError(f"max_slowdown: must be >= 0 or None, got {max_slowdown!r}")
+    # Arguments first, as every method checks them: the same error whichever runs.
+    _, src, dst, sizes = copy_arguments(registry, src, dst, sizes)
     if method == "auto":
         cal = calibrations.calibration(stream_device(stream))
-        sizes = np.asarray(sizes, dtype=np.int64)
-        host = np.asarray(src if direction == "h2d" else dst, dtype=np.int64)
+        host = direction.host_of(src, dst)
         mean = float(sizes.mean()) if len(sizes) else 0.0
         method, _ = choose(cal, direction, mean, mean_host_run(host, sizes), max_slowdown)
     return run_method(method, src, dst, sizes, stream, direction, order, registry=registry)

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence, Union
 
+import numpy as np
+
 from kvoffload import _C
 from kvoffload.registry import ANY, require_registry
+from kvoffload.vocabulary import Direction, MemoryKind
 
 CudaError = _C.CudaError
 NoCudaDeviceError = _C.NoCudaDeviceError
@@ -28,12 +31,20 @@ Stream = Any  # None, an int handle, or a stream object
 Orders = Union[SrcAccessOrder, int, Int64Array]
 
 
-def _checked(registry, src, dst, sizes, src_kind=ANY, dst_kind=ANY):
-    """The arrays validated and read once, then checked against ``registry``: the copy
-    gets the arrays that were checked, and bad arguments raise the same error in both
-    modes."""
+def copy_arguments(registry, src, dst, sizes):
+    """The first step of every raw-pointer call, whatever its method: ``registry``'s type
+    (the MemoryRegistry, or None for UNCHECKED), then src, dst and sizes validated and
+    read once (kvoffload._C: 1-D int64 host arrays, C-contiguous, of one length, or
+    sequences of ints; pointers and sizes positive). So a bad argument raises the same
+    error, naming it, in every mode."""
     checked = require_registry(registry)
-    src, dst, sizes = _C.copy_arrays(src, dst, sizes)
+    return (checked,) + tuple(_C.copy_arrays(src, dst, sizes))
+
+
+def _checked(registry, src, dst, sizes, src_kind=ANY, dst_kind=ANY):
+    """copy_arguments(), then the arrays checked against the registry: the copy gets the
+    arrays that were checked."""
+    checked, src, dst, sizes = copy_arguments(registry, src, dst, sizes)
     if checked is not None:
         checked.check_copies(src, dst, sizes, src_kind, dst_kind)
     return src, dst, sizes
@@ -88,24 +99,41 @@ def staged_copy(
     src: Int64Array,
     dst: Int64Array,
     sizes: Int64Array,
-    host_is_src: bool,
+    direction: Direction | str | bool | None = None,
     stream: Stream = None,
     slot_bytes: int = 16 << 20,
     slots: int = 4,
     max_ctas: int = 8,
     *,
+    host_is_src: bool | None = None,
     registry,
 ) -> CopyResult:
     """Copies between scattered device blocks and host memory in large runs, through a
     device staging ring: DMA of the host runs, plus a gather or scatter kernel.
 
-    ``host_is_src``: a load (host -> device); else a store. The ring has ``slots`` slots
-    of ``slot_bytes``; slices pipeline, and any batch size wraps around the ring. The
-    host side must be page-locked, the device side the stream's device's (ValueError).
+    ``direction``: a Direction ("h2d" or "load": host -> device; "d2h" or "store"), or
+    as before, ``host_is_src`` (a bool, here or by that name). The ring has ``slots``
+    slots of ``slot_bytes``; slices pipeline, and any batch size wraps around the ring.
+    The host side must be page-locked, the device side the stream's device's (ValueError).
     """
-    host, device = ("host", "device") if host_is_src else ("device", "host")
-    src, dst, sizes = _checked(registry, src, dst, sizes, host, device)
-    return _C.staged_copy(src, dst, sizes, host_is_src, stream, slot_bytes, slots, max_ctas)
+    direction = _staged_direction(direction, host_is_src)
+    src, dst, sizes = _checked(registry, src, dst, sizes, *direction.kinds)
+    return _C.staged_copy(src, dst, sizes, direction.host_is_src, stream, slot_bytes, slots, max_ctas)
+
+
+def _staged_direction(direction, host_is_src) -> Direction:
+    """staged_copy's direction, from ``direction`` or the older ``host_is_src``."""
+    if host_is_src is not None:
+        if direction is not None:
+            raise TypeError("host_is_src: give direction or host_is_src, not both")
+        if not isinstance(host_is_src, (bool, np.bool_)):
+            raise TypeError(f"host_is_src: expected a bool, got {type(host_is_src).__name__}")
+        direction = host_is_src
+    if direction is None:
+        raise TypeError("direction: missing (a Direction, 'h2d' or 'd2h')")
+    if isinstance(direction, (bool, np.bool_)):
+        return Direction.LOAD if direction else Direction.STORE
+    return Direction.parse(direction, "direction")
 
 
 def host_copy(src: Int64Array, dst: Int64Array, sizes: Int64Array, threads: int = 0, *,
@@ -116,7 +144,7 @@ def host_copy(src: Int64Array, dst: Int64Array, sizes: Int64Array, threads: int 
     (0: the core count, at most 8; never more than ``MAX_HOST_THREADS``). Ranges must
     not overlap. A thread that cannot be started raises RuntimeError, nothing copied.
     """
-    src, dst, sizes = _checked(registry, src, dst, sizes, "host", "host")
+    src, dst, sizes = _checked(registry, src, dst, sizes, MemoryKind.HOST, MemoryKind.HOST)
     return _C.host_copy(src, dst, sizes, threads)
 
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from kvoffload.batch_copy import NoCudaDeviceError
 from kvoffload.registry import UNCHECKED
+from kvoffload.vocabulary import Direction
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20]
 BESIDE_SIZES = [4 << 10, 64 << 10, 2 << 20]
@@ -69,14 +70,19 @@ class Calibration:
     beside: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # "method direction" -> GB/s
     slowdown: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # "method direction"
 
-    def rate(self, method: str, direction: str, pattern: str, copy_bytes: float) -> float:
-        return _interpolate(self.sizes, self.rates[f"{method} {direction} {pattern}"], copy_bytes)
+    # Keys spell a direction "h2d" or "d2h" (Direction.short), in the cache file too.
+    def rate(self, method: str, direction: Direction | str, pattern: str, copy_bytes: float) -> float:
+        return _interpolate(self.sizes, self.rates[f"{method} {_short(direction)} {pattern}"], copy_bytes)
 
-    def rate_beside(self, method: str, direction: str, copy_bytes: float) -> float:
-        return _interpolate(self.beside_sizes, self.beside[f"{method} {direction}"], copy_bytes)
+    def rate_beside(self, method: str, direction: Direction | str, copy_bytes: float) -> float:
+        return _interpolate(self.beside_sizes, self.beside[f"{method} {_short(direction)}"], copy_bytes)
 
-    def slowdown_of(self, method: str, direction: str, copy_bytes: float) -> float:
-        return _interpolate(self.beside_sizes, self.slowdown[f"{method} {direction}"], copy_bytes)
+    def slowdown_of(self, method: str, direction: Direction | str, copy_bytes: float) -> float:
+        return _interpolate(self.beside_sizes, self.slowdown[f"{method} {_short(direction)}"], copy_bytes)
+
+
+def _short(direction: Direction | str) -> str:
+    return Direction.parse(direction, "direction").short
 
 
 def _interpolate(sizes, values, at) -> float:
@@ -111,7 +117,7 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
             n = moved // block
             g = _offsets(rng, pool, block, n, "scattered") + gpu.data_ptr()
             h = _offsets(rng, pool, block, n, pattern) + host.data_ptr()
-            s, d = (h, g) if direction == "h2d" else (g, h)
+            s, d = direction.ends(h, g)
             sizes = np.full(n, block, dtype=np.int64)
             # Addresses made above inside its own buffers.
             return lambda: auto.run_method(method, s, d, sizes, stream, direction, registry=UNCHECKED)
@@ -136,14 +142,14 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
 
         cal = Calibration(device_key(device), SIZES, {}, BESIDE_SIZES if beside else [])
         for pattern in PATTERNS:
-            for direction in ("h2d", "d2h"):
+            for direction in Direction:
                 for method in auto.METHODS:
-                    cal.rates[f"{method} {direction} {pattern}"] = [
+                    cal.rates[f"{method} {direction.short} {pattern}"] = [
                         moved / min(seconds(copies(method, direction, b, pattern)) for _ in range(2)) / 1e9
                         for b in SIZES]
         if beside:
             loop = compute_loop.ComputeLoop(torch, "model", f"cuda:{device}")
-            for direction in ("h2d", "d2h"):
+            for direction in Direction:
                 for method in auto.METHODS:
                     rates, slowdowns = [], []
                     for block in BESIDE_SIZES:
@@ -161,12 +167,12 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
                                 reps *= 4  # faster beside the loop than alone
                         else:
                             raise compute_loop.WindowTooShort(
-                                f"{method} {direction} {block}: no compute step inside {reps} copies")
+                                f"{method} {direction.short} {block}: no compute step inside {reps} copies")
                         # Not covered by a loop 20 times its time alone: as good as stopped.
                         rates.append(got.gb_per_s if got else moved / alone / 1e9 / 20)
                         slowdowns.append(got.step_slowdown if got else 1.0)
-                    cal.beside[f"{method} {direction}"] = rates
-                    cal.slowdown[f"{method} {direction}"] = slowdowns
+                    cal.beside[f"{method} {direction.short}"] = rates
+                    cal.slowdown[f"{method} {direction.short}"] = slowdowns
         return cal
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import enum
 import functools
 import threading
 import weakref
@@ -47,17 +46,13 @@ from kvoffload.host_pool import (HostPool, PoolOptions, chunk_runs, chunks_reach
                                  tensor_owners)
 from kvoffload.lane_accesses import SIDES, LaneAccesses
 from kvoffload.page_table import chunk_keyed_groups, job_arguments, key_offsets, page_table, whole_chunks
-from kvoffload.ordering import MemoryKind, PendingWrites, safe_order
+from kvoffload.ordering import PendingWrites, safe_order
 from kvoffload.planner import (CPUSpec, GPUSpec, _require_int, check_shared, chunks_used, plan_transfer,
                                tensor_pages)
 from kvoffload.batch_copy import host_copy
 from kvoffload.registry import UNCHECKED, MemoryRegistry, tensor_span
 from kvoffload.transfer_lanes import CudaLanes, HostLanes
-
-
-class Direction(str, enum.Enum):
-    STORE = "store"  # GPU -> CPU
-    LOAD = "load"  # CPU -> GPU
+from kvoffload.vocabulary import Direction, MemoryKind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,15 +173,15 @@ class OffloadHandler:
             if shared:
                 raise ValueError(f"host_buffer: overlaps {shared[0].name}")
             if self.pool.nbytes:
-                self.registry.register("host pool", self.pool.base, self.pool.nbytes, "host")
+                self.registry.register("host pool", self.pool.base, self.pool.nbytes, MemoryKind.HOST)
             self.layout = kv_layout(gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk,
                                     self.pool.base, cpu_layout)
         except Exception:
             self.pool.release()  # a host_buffer page-locked here is unlocked again
             raise
         self.gpu_tensors = gpu_tensors
-        self._gpu_kind = "device" if on_gpu else "host"
-        lanes = ["store", "load"] + (["expedited"] if expedited_loads else [])
+        self._gpu_kind = MemoryKind.DEVICE if on_gpu else MemoryKind.HOST
+        lanes = [Direction.STORE.value, Direction.LOAD.value] + (["expedited"] if expedited_loads else [])
         if on_gpu and method == "auto":
             calibration.calibration(device.index)  # loaded, or measured now, not in the first job
         _require_int("page_ctas", page_ctas, 1)
@@ -206,15 +201,14 @@ class OffloadHandler:
                 for t in group.tensors:
                     if group.num_gpu_blocks:
                         gpu_span = (group.num_gpu_blocks - 1) * t.gpu_stride + t.page_bytes
-                        self.registry.check([t.gpu_base], [gpu_span], "device", f"group {g} GPU extent")
+                        self.registry.check([t.gpu_base], [gpu_span], MemoryKind.DEVICE, f"group {g} GPU extent")
                     if group.num_cpu_chunks:
                         cpu_span = (group.num_cpu_chunks - 1) * t.cpu_stride + bpc_bytes(self.layout, t)
-                        self.registry.check([t.cpu_base], [cpu_span], "host", f"group {g} CPU extent")
+                        self.registry.check([t.cpu_base], [cpu_span], MemoryKind.HOST, f"group {g} CPU extent")
         self._device = device
         self._lanes = CudaLanes(torch, device, lanes) if on_gpu else HostLanes(lanes)
         # A handler dropped without shutdown() ends its lanes before its pool goes.
         weakref.finalize(self, _close_quietly, self._lanes)
-        self._load_source = MemoryKind.PINNED_HOST if on_gpu else MemoryKind.PAGEABLE_HOST
         self._expedited = expedited_loads
         self._descriptors = DescriptorPool()
         self._lock = threading.RLock()
@@ -298,20 +292,20 @@ class OffloadHandler:
         return waits, sources
 
     def _submit(self, job: _Job, plan, prepared) -> bool:
-        load = job.direction is Direction.LOAD
+        direction = job.direction
+        load = direction is Direction.LOAD
         waits, sources = self._conflicts(job)
         if load:
-            order = safe_order(self._load_source, MemoryKind.DEVICE,
-                               PendingWrites.YES if sources else PendingWrites.NO)
-            failed = self._accesses.first_failed("store", "cpu", job.cpu_keys, self._failed_stores)
+            pending = PendingWrites.YES if sources else PendingWrites.NO
+            failed = self._accesses.first_failed(Direction.STORE.value, "cpu", job.cpu_keys, self._failed_stores)
             partial = [] if failed is None else [failed]
         else:
-            order = safe_order(MemoryKind.DEVICE, MemoryKind.PINNED_HOST, PendingWrites.UNKNOWN)
+            pending = PendingWrites.UNKNOWN
             partial = []
+        order = safe_order(*direction.kinds, pending)
         if plan is not None:
             src, dst, sizes = plan.load() if load else plan.store()
-            sides = (("host", self._gpu_kind) if load else (self._gpu_kind, "host"))
-            self.registry.check_copies(src, dst, sizes, *sides)
+            self.registry.check_copies(src, dst, sizes, *direction.ends(MemoryKind.HOST, self._gpu_kind))
         if partial:
             self._ids.add(job.job_id)
             self._finished[job.job_id] = TransferResult(
@@ -331,7 +325,7 @@ class OffloadHandler:
             if isinstance(self._lanes, HostLanes):
                 copy = functools.partial(host_copy, *rows, registry=UNCHECKED)
             else:
-                copy = functools.partial(auto.copy, *rows, direction="h2d" if load else "d2h",
+                copy = functools.partial(auto.copy, *rows, direction=direction,
                                          method=self._method, max_slowdown=self._max_slowdown,
                                          order=order, registry=UNCHECKED)
         try:

@@ -4,7 +4,8 @@ With ANY, the copy engine may read the source before earlier work in the stream 
 finished, waits on events included; with DURING_API_CALL it reads the source before
 the submitting call returns, also out of stream order. So both are safe only when no
 stream has writes to the source pending at submission. Everything else reads in
-stream order (STREAM).
+stream order (STREAM). Kinds are kvoffload.vocabulary.MemoryKind: HOST (page-locked or
+pageable: no rule tells them apart) and DEVICE (device or managed memory).
 """
 
 from __future__ import annotations
@@ -14,17 +15,9 @@ import enum
 import itertools
 
 from kvoffload.batch_copy import SrcAccessOrder
+from kvoffload.vocabulary import MemoryKind
 
-
-class MemoryKind(enum.Enum):
-    DEVICE = "device"
-    PINNED_HOST = "pinned host"
-    PAGEABLE_HOST = "pageable host"
-    MANAGED = "managed"
-
-    @property
-    def is_host(self) -> bool:
-        return self in (MemoryKind.PINNED_HOST, MemoryKind.PAGEABLE_HOST)
+HOST = MemoryKind.HOST
 
 
 class PendingWrites(enum.Enum):
@@ -47,15 +40,15 @@ class Decision:
 
 # The rules, first match wins: (applies(src, dst, pending, ephemeral), order, reason).
 _RULES = (
-    (lambda s, d, p, e: s.is_host and d.is_host and p is not PendingWrites.NO, None,
+    (lambda s, d, p, e: s is HOST and d is HOST and p is not PendingWrites.NO, None,
      "host-to-host copies run on the CPU inside the call, so queued writes to the source "
      "would be missed; synchronize its writers first"),
-    (lambda s, d, p, e: s.is_host and d.is_host, SrcAccessOrder.DURING_API_CALL,
+    (lambda s, d, p, e: s is HOST and d is HOST, SrcAccessOrder.DURING_API_CALL,
      "host-to-host copies run on the CPU inside the call"),
-    (lambda s, d, p, e: e and s.is_host and p is not PendingWrites.NO, None,
+    (lambda s, d, p, e: e and s is HOST and p is not PendingWrites.NO, None,
      "the source dies when the call returns but may still be written by queued work; "
      "synchronize its writers first"),
-    (lambda s, d, p, e: e and s.is_host, SrcAccessOrder.DURING_API_CALL,
+    (lambda s, d, p, e: e and s is HOST, SrcAccessOrder.DURING_API_CALL,
      "the host source dies when the call returns, so it must be read before then"),
     (lambda s, d, p, e: e, SrcAccessOrder.STREAM,
      "CUDA frees device and managed memory in stream order, so a stream-ordered read "
@@ -79,6 +72,7 @@ def decide(src: MemoryKind, dst: MemoryKind, pending_writes: PendingWrites,
 
     ``ephemeral``: the source's lifetime ends when the submitting call returns.
     """
+    src, dst = MemoryKind.parse(src, "src"), MemoryKind.parse(dst, "dst")
     for applies, order, reason in _RULES:
         if applies(src, dst, pending_writes, ephemeral):
             return Decision(order, reason)
@@ -88,6 +82,7 @@ def decide(src: MemoryKind, dst: MemoryKind, pending_writes: PendingWrites,
 def safe_order(src: MemoryKind, dst: MemoryKind, pending_writes: PendingWrites,
                ephemeral: bool = False) -> SrcAccessOrder:
     """Like decide(), but raises UnsafeCopyError when no order is safe."""
+    src, dst = MemoryKind.parse(src, "src"), MemoryKind.parse(dst, "dst")
     decision = decide(src, dst, pending_writes, ephemeral)
     if decision.order is None:
         raise UnsafeCopyError(

@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from kvoffload import _C
 
 _ADDRESS_END = 2**63 - 1  # no extent may end past it
 
@@ -34,14 +35,25 @@ def _require_int(name: str, value, minimum: int) -> int:
 
 
 def _int64_vector(name: str, values) -> np.ndarray:
-    array = np.asarray(values)
-    if array.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    if array.ndim != 1:
-        raise ValueError(f"{name}: expected a 1-D array, got {array.ndim}-D")
-    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
-        raise TypeError(f"{name}: expected integers, got dtype {array.dtype}")
-    return np.ascontiguousarray(array, dtype=np.int64)
+    """Ids, checked as every int64 array argument is (kvoffload._C.int64_vector, its
+    messages), and copied; ids are small, so an integer array of another dtype or layout,
+    or a list, is converted to int64 first."""
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError, RuntimeError):
+        array = values  # e.g. a CUDA tensor: the check names what is wrong with it
+    if isinstance(array, np.ndarray) and array.dtype == object:
+        array = values  # None, or ints past int64: the check names them
+    if isinstance(array, np.ndarray):
+        if array.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if array.ndim == 1 and array.dtype.kind in "iu" and array.dtype != np.int64:
+            if array.dtype == np.uint64 and array.max() > np.iinfo(np.int64).max:
+                raise ValueError(f"{name}: does not fit in int64")
+            array = array.astype(np.int64)
+        elif array.ndim == 1 and array.dtype == np.int64:
+            array = np.ascontiguousarray(array)
+    return _C.int64_vector(array, name)
 
 
 @dataclasses.dataclass(frozen=True)

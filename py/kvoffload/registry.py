@@ -20,7 +20,9 @@ import dataclasses
 
 import numpy as np
 
-KINDS = ("device", "host")
+from kvoffload import _C
+from kvoffload.vocabulary import MemoryKind
+
 ANY = "any"  # a check's kind: either
 
 
@@ -42,7 +44,7 @@ class Region:
     name: str
     start: int
     nbytes: int
-    kind: str
+    kind: MemoryKind
     device: int | None = None  # the CUDA device of device memory
     owner: object = dataclasses.field(default=None, repr=False, compare=False)  # kept alive
 
@@ -52,20 +54,6 @@ class Region:
 
     def overlaps(self, start: int, end: int) -> bool:
         return self.start < end and start < self.end
-
-
-def _int64_array(values, what: str) -> np.ndarray:
-    try:
-        array = np.asarray(values)
-    except (OverflowError, ValueError) as e:
-        raise ValueError(f"{what}: not an array of int64 ({e})") from None
-    if array.size == 0:
-        return np.zeros(0, np.int64)
-    if array.ndim != 1 or array.dtype.kind not in "iu":
-        raise TypeError(f"{what}: expected a 1-D int64 array or a sequence of ints")
-    if array.dtype == np.uint64 and (array > np.iinfo(np.int64).max).any():
-        raise ValueError(f"{what}: does not fit in int64")
-    return array.astype(np.int64, copy=False)
 
 
 def _int(value, what: str) -> int:
@@ -103,13 +91,13 @@ class MemoryRegistry:
         """The regions that share a byte with [start, start + nbytes)."""
         return [r for r in self._regions if r.overlaps(start, start + nbytes)]
 
-    def register(self, name: str, start: int, nbytes: int, kind: str, device: int | None = None,
-                 *, owner=None) -> None:
-        """Adds [start, start + nbytes) as memory of ``kind`` ("device" or "host"; host
-        memory that GPU paths copy must be page-locked), on CUDA ``device``. The memory
-        must stay allocated until ``unregister(name)``; ``owner`` is kept alive until then."""
-        if kind not in KINDS:
-            raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
+    def register(self, name: str, start: int, nbytes: int, kind: MemoryKind | str,
+                 device: int | None = None, *, owner=None) -> None:
+        """Adds [start, start + nbytes) as memory of ``kind`` (a MemoryKind, or "device" or
+        "host"; host memory that GPU paths copy must be page-locked), on CUDA ``device``.
+        The memory must stay allocated until ``unregister(name)``; ``owner`` is kept alive
+        until then."""
+        kind = MemoryKind.parse(kind, "kind")
         start, nbytes = _int(start, "start"), _int(nbytes, "nbytes")
         if start <= 0 or nbytes <= 0:
             raise ValueError(f"{name}: needs a positive address and size, got {start:#x}, {nbytes}")
@@ -133,7 +121,7 @@ class MemoryRegistry:
             raise ValueError(f"{name}: {e}") from None
         if nbytes == 0:
             raise ValueError(f"{name}: has no elements")
-        self.register(name, start, nbytes, "device" if tensor.is_cuda else "host",
+        self.register(name, start, nbytes, MemoryKind.DEVICE if tensor.is_cuda else MemoryKind.HOST,
                       tensor.device.index if tensor.is_cuda else None, owner=tensor)
 
     def unregister(self, name: str) -> None:
@@ -144,7 +132,7 @@ class MemoryRegistry:
         self._regions = [r for r in self._regions if r.name != name]
         self._index = {}
 
-    def _merged(self, kind: str):
+    def _merged(self, kind: MemoryKind | str):
         """Disjoint intervals covering the regions of ``kind``, sorted, with the regions.
         Only regions of one kind and device merge: no interval spans two kinds."""
         index = self._index
@@ -161,12 +149,12 @@ class MemoryRegistry:
             index[kind] = (np.array(starts, np.int64), np.array(ends, np.int64), regions)
         return index[kind]
 
-    def check(self, addresses, sizes, kind: str, what: str = "copies") -> None:
+    def check(self, addresses, sizes, kind: MemoryKind | str, what: str = "copies") -> None:
         """Raises ValueError naming the first copy whose [address, address + size) is not
-        inside one registered region of ``kind`` ("device", "host" or "any")."""
-        if kind not in KINDS + (ANY,):
-            raise ValueError(f"kind: expected one of {KINDS + (ANY,)}, got {kind!r}")
-        addresses, sizes = _int64_array(addresses, what), _int64_array(sizes, "sizes")
+        inside one registered region of ``kind`` (a MemoryKind, "device", "host" or "any")."""
+        if kind != ANY:
+            kind = MemoryKind.parse(kind, "kind")
+        addresses, sizes = _C.int64_vector(addresses, what), _C.int64_vector(sizes, "sizes")
         if addresses.shape != sizes.shape:
             raise ValueError(f"{what}: has {len(addresses)} entries but sizes has {len(sizes)}")
         starts, ends, regions = self._merged(kind)
@@ -184,7 +172,8 @@ class MemoryRegistry:
                   if nearest else f"no region of {memory} is registered")
         raise ValueError(f"{what}[{i}]: [{a:#x}, {a + n:#x}) is outside registered {memory}; {missed}")
 
-    def check_copies(self, src, dst, sizes, src_kind: str = ANY, dst_kind: str = ANY) -> None:
+    def check_copies(self, src, dst, sizes, src_kind: MemoryKind | str = ANY,
+                     dst_kind: MemoryKind | str = ANY) -> None:
         """Checks both ends of every copy; the error names ``src[i]`` or ``dst[i]``."""
         self.check(src, sizes, src_kind, "src")
         self.check(dst, sizes, dst_kind, "dst")
