@@ -5,12 +5,13 @@ finish(), never raised; done() and wait() answer from any thread; close() ends t
 threads. Orders and timings are random, from seeded generators."""
 
 import threading
+import types
 import time
 
 import numpy as np
 import pytest
 
-from kvoffload.transfer_lanes import HostLanes
+from kvoffload.transfer_lanes import CudaLanes, HostLanes
 
 LANES = ["store", "load", "expedited"]
 TIMEOUT = 10.0  # seconds; every wait here ends within milliseconds unless lanes hang
@@ -190,3 +191,58 @@ def test_close_ends_the_lanes_threads():
     settle(lanes, handles)
     within(lanes.close)
     assert not any(thread.is_alive() for thread in threads)
+
+
+class _Event:
+    """Stands in for torch.cuda.Event: everything recorded is done at once."""
+
+    def __init__(self, enable_timing=False):
+        del enable_timing
+
+    def record(self, stream=None):
+        del stream
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        del other
+        return 0.5
+
+
+class _Stream:
+    def __init__(self, device=None, priority=0):
+        del device, priority
+
+    def wait_event(self, event):
+        del event
+
+    def wait_stream(self, stream):
+        del stream
+
+    def synchronize(self):
+        pass
+
+
+_FAKE_TORCH = types.SimpleNamespace(cuda=types.SimpleNamespace(
+    Event=_Event, Stream=_Stream, current_stream=lambda device=None: _Stream()))
+
+
+def test_cuda_lanes_run_a_job_started_twice_once_and_go_on():
+    # What the handler does after an interrupt between start() and its bookkeeping.
+    lanes = CudaLanes(_FAKE_TORCH, 0, ["store", "load"])
+    ran = []
+    first = lanes.make("store", lambda stream: ran.append("first"), [])
+    lanes.start(first)
+    lanes.start(first)  # queued twice before it ran
+    lanes.wait(first)
+    lanes.start(first)  # and again after it ran
+    later = lanes.submit("load", lambda stream: ran.append("later"), [first])
+    assert later.queued.acquire(timeout=10), "the enqueue thread stopped"
+    later.queued.release()
+    assert ran == ["first", "later"] and lanes.finish(later) == (0.5e-3, None)
+    lanes.close()
+    lanes.close()  # idempotent

@@ -155,6 +155,11 @@ class OffloadHandler:
         methods = ("auto",) + auto.METHODS + self.PAGE_METHODS
         if method not in methods:
             raise ValueError(f"method: expected one of {methods}, got {method!r}")
+        _require_int("page_ctas", page_ctas, 1)
+        if page_ctas > 1 << 16:
+            raise ValueError(f"page_ctas: expected at most {1 << 16}, got {page_ctas}")
+        if max_slowdown is not None and not (isinstance(max_slowdown, (int, float)) and max_slowdown >= 0):
+            raise ValueError(f"max_slowdown: must be a number >= 0 or None, got {max_slowdown!r}")
 
         on_gpu = device.type == "cuda"
         self.registry = MemoryRegistry()
@@ -184,11 +189,6 @@ class OffloadHandler:
         lanes = [Direction.STORE.value, Direction.LOAD.value] + (["expedited"] if expedited_loads else [])
         if on_gpu and method == "auto":
             calibration.calibration(device.index)  # loaded, or measured now, not in the first job
-        _require_int("page_ctas", page_ctas, 1)
-        if page_ctas > 1 << 16:
-            raise ValueError(f"page_ctas: expected at most {1 << 16}, got {page_ctas}")
-        if max_slowdown is not None and not (isinstance(max_slowdown, (int, float)) and max_slowdown >= 0):
-            raise ValueError(f"max_slowdown: must be a number >= 0 or None, got {max_slowdown!r}")
         self._method, self._max_slowdown, self._page_ctas = method, max_slowdown, page_ctas
         # Checks every job's ids and keys it; for page methods also copies.
         self._table = page_table(self.layout, self.pool.registration_edges)

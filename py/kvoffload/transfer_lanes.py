@@ -65,7 +65,9 @@ class CudaLanes:
 
     def start(self, handle) -> None:
         """Queues the job; starting it again is harmless (it runs once)."""
-        self._queue.put(handle.item)
+        item = handle.item  # None once the enqueue thread took it: never queue the stop signal
+        if item is not None:
+            self._queue.put(item)
         self._last = handle
 
     @staticmethod
