@@ -6,8 +6,7 @@ import pytest
 import torch
 
 import kvoffload as kv
-from gpu_pools import DIRECTIONS, check_refused, run
-from scatter import POISON
+from gpu_pools import DIRECTIONS, check_refused, check_stream_order, run
 from scale import scaled
 
 
@@ -40,18 +39,7 @@ def test_kernel_a_million_copies(direction):
 
 
 def test_kernel_copy_follows_stream_order():
-    # A copy queued after a kernel that writes its source must see the written values.
-    src = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
-    host = torch.full((1 << 20,), POISON, dtype=torch.uint8).pin_memory()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        torch.cuda._sleep(1_000_000)
-        src.fill_(9)
-    offsets = np.arange(256, dtype=np.int64) * 4096
-    kv.kernel_copy(offsets + src.data_ptr(), offsets + host.data_ptr(), np.full(256, 4096), stream=stream,
-                   registry=kv.UNCHECKED)
-    stream.synchronize()
-    assert (host == 9).all()
+    check_stream_order(lambda *a, **k: kv.kernel_copy(*a, registry=kv.UNCHECKED, **k), 9)
 
 
 REFUSED = {  # name -> (src memory, dst memory, message)

@@ -49,3 +49,18 @@ def check_refused(copy, src_kind, dst_kind, message):
              registry=kv.UNCHECKED)
     torch.cuda.synchronize()
     assert (dst.cpu() == POISON).all()
+
+
+def check_stream_order(copy, value):
+    """``copy(src, dst, sizes, stream=...)`` queued after a kernel that writes its device
+    source must see the written values in the host destination."""
+    src = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+    host = torch.full((1 << 20,), POISON, dtype=torch.uint8).pin_memory()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(1_000_000)
+        src.fill_(value)
+    offsets = np.arange(256, dtype=np.int64) * 4096
+    copy(offsets + src.data_ptr(), offsets + host.data_ptr(), np.full(256, 4096), stream=stream)
+    stream.synchronize()
+    assert (host == value).all()

@@ -77,9 +77,9 @@ def copy(src, dst, sizes, stream=None, *, direction: Direction | str, method: st
     direction = Direction.parse(direction, "direction")
     if max_slowdown is not None and not max_slowdown >= 0:
         raise ValueError(f"max_slowdown: must be >= 0 or None, got {max_slowdown!r}")
-    # Arguments first, as every method checks them: the same error whichever runs.
-    _, src, dst, sizes = copy_arguments(registry, src, dst, sizes)
     if method == "auto":
+        # Arguments before the device is asked, as each method checks them: the same error.
+        _, src, dst, sizes = copy_arguments(registry, src, dst, sizes)
         cal = calibrations.calibration(stream_device(stream))
         host = direction.host_of(src, dst)
         mean = float(sizes.mean()) if len(sizes) else 0.0
