@@ -30,6 +30,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("gib", ["20", "40"], "Pool sizes, GiB.")
 flags.DEFINE_list("ways", ["torch", "vllm", "kvoffload"], "Ways to measure.")
 flags.DEFINE_list("register_threads", ["1"], "kvoffload's PoolOptions.register_threads to measure.")
+flags.DEFINE_list("huge_pages", ["off"], "kvoffload's PoolOptions.huge_pages to measure.")
+flags.DEFINE_float("piece_gib", None, "kvoffload's PoolOptions.piece_bytes, GiB (default: its own).")
 flags.DEFINE_float("copy_gib", 1.0, "GiB copied host-to-device from each end of the pool.")
 flags.DEFINE_string("out", None, "Write the results as JSON here (relative to the workspace); "
                     "default with a GPU: bench/results/host_pool_<gpu>.json.")
@@ -47,7 +49,7 @@ def used_bytes():
     return fields["MemTotal"] - fields["MemAvailable"]
 
 
-def allocate(way, nbytes, gpu, register_threads):
+def allocate(way, nbytes, gpu, options):
     """The memory, made ready the given way: (a uint8 torch tensor over it, what to keep)."""
     import numpy as np
     import torch
@@ -67,7 +69,7 @@ def allocate(way, nbytes, gpu, register_threads):
         return torch.from_numpy(array), memory
     from kvoffload.host_pool import HostPool, PoolOptions
 
-    pool = HostPool(nbytes, pinned=gpu, options=PoolOptions(register_threads=register_threads))
+    pool = HostPool(nbytes, pinned=gpu, options=PoolOptions(**options))
     return pool.tensor, pool
 
 
@@ -84,7 +86,7 @@ def copy_rate(torch, host, device):
     return best
 
 
-def measure(way, nbytes, gpu, copy_bytes, register_threads, conn):
+def measure(way, nbytes, gpu, copy_bytes, options, conn):
     """One way, one size, in this (fresh) process; the row goes to ``conn``."""
     import torch
 
@@ -92,13 +94,14 @@ def measure(way, nbytes, gpu, copy_bytes, register_threads, conn):
         torch.zeros(1, device="cuda")  # the CUDA context, outside the timing
     before = used_bytes()
     start = time.perf_counter()
-    tensor, keep = allocate(way, nbytes, gpu, register_threads)
+    tensor, keep = allocate(way, nbytes, gpu, options)
     seconds = time.perf_counter() - start
     growth = used_bytes() - before
     row = dict(way=way, requested_bytes=nbytes, seconds=seconds, ready_gb_per_s=nbytes / seconds / 1e9,
                resident_growth_bytes=growth, copy_gb_per_s=None)
     if way == "kvoffload":
-        row["register_threads"] = register_threads
+        # Touching and registering overlap (piece k registers while k+1 is touched).
+        row.update(options, touch_seconds=keep.touch_seconds, register_seconds=keep.register_seconds)
     if gpu:
         device = torch.empty(copy_bytes, dtype=torch.uint8, device="cuda")
         first = copy_rate(torch, tensor[:copy_bytes], device)
@@ -108,10 +111,10 @@ def measure(way, nbytes, gpu, copy_bytes, register_threads, conn):
     del tensor, keep
 
 
-def run(way, nbytes, gpu, copy_bytes, register_threads=1):
+def run(way, nbytes, gpu, copy_bytes, options=None):
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
-    process = ctx.Process(target=measure, args=(way, nbytes, gpu, copy_bytes, register_threads, child))
+    process = ctx.Process(target=measure, args=(way, nbytes, gpu, copy_bytes, options or {}, child))
     process.start()
     try:
         row = parent.recv()
@@ -123,6 +126,15 @@ def run(way, nbytes, gpu, copy_bytes, register_threads=1):
     return row
 
 
+def kvoffload_options():
+    """Every PoolOptions the flags ask for, as keyword dicts."""
+    from kvoffload.host_pool import PoolOptions
+
+    piece = int(FLAGS.piece_gib * 2**30) if FLAGS.piece_gib else PoolOptions.piece_bytes
+    return [dict(register_threads=int(threads), huge_pages=huge, piece_bytes=piece)
+            for threads in FLAGS.register_threads for huge in FLAGS.huge_pages]
+
+
 def gpu_name():
     import torch
 
@@ -131,10 +143,14 @@ def gpu_name():
 
 def print_row(row):
     copy = "-" if row["copy_gb_per_s"] is None else f"{row['copy_gb_per_s']:.1f}"
-    way = row["way"] + (f" x{row['register_threads']}" if "register_threads" in row else "")
-    print(f"{way:>13} {row['requested_bytes'] / 2**30:6.1f} GiB {row['seconds']:7.2f} s "
+    way = row["way"]
+    if "register_threads" in row:
+        way += f" x{row['register_threads']} {row['huge_pages']} {row['piece_bytes'] / 2**30:g}G"
+    phases = (f"  touch {row['touch_seconds']:.2f} s, register {row['register_seconds']:.2f} s"
+              if "touch_seconds" in row else "")
+    print(f"{way:>24} {row['requested_bytes'] / 2**30:6.1f} GiB {row['seconds']:7.2f} s "
           f"{row['ready_gb_per_s']:6.2f} GB/s  resident +{row['resident_growth_bytes'] / 2**30:6.2f} GiB "
-          f"({row['resident_growth_bytes'] / row['requested_bytes']:.2f}x)  copy {copy} GB/s", flush=True)
+          f"({row['resident_growth_bytes'] / row['requested_bytes']:.3f}x)  copy {copy} GB/s{phases}", flush=True)
 
 
 def main(argv):
@@ -151,8 +167,8 @@ def main(argv):
         for way in FLAGS.ways:
             if way not in ("torch", "vllm", "kvoffload"):
                 raise app.UsageError(f"--ways: unknown way {way!r}")
-            for threads in (FLAGS.register_threads if way == "kvoffload" else ["1"]):
-                rows.append(run(way, nbytes, name is not None, copy_bytes, int(threads)))
+            for options in (kvoffload_options() if way == "kvoffload" else [None]):
+                rows.append(run(way, nbytes, name is not None, copy_bytes, options))
                 print_row(rows[-1])
     out = FLAGS.out
     if out is None and name is not None:
@@ -164,7 +180,8 @@ def main(argv):
         machine = dict(device=name or "none (host only)", cpus=os.cpu_count(),
                        mem_total_bytes=used_bytes() + _available())
         config = dict(gib=[float(g) for g in FLAGS.gib], copy_gib=FLAGS.copy_gib, ways=FLAGS.ways,
-                      register_threads=[int(t) for t in FLAGS.register_threads])
+                      register_threads=[int(t) for t in FLAGS.register_threads],
+                      huge_pages=FLAGS.huge_pages, piece_gib=FLAGS.piece_gib)
         with open(out, "w") as f:
             json.dump(dict(date=datetime.date.today().isoformat(), machine=machine, config=config,
                            rows=rows), f, indent=1)

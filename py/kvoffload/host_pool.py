@@ -230,6 +230,8 @@ class HostPool:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.seconds = 0.0  # spent pinning so far
+        self.touch_seconds = 0.0  # of which first-touching pieces
+        self.register_seconds = 0.0  # registering pieces, summed over the registrar threads
         self._printed = 0.0  # when progress was last printed
         if buffer is not None:
             self._adopt(buffer)
@@ -358,14 +360,17 @@ class HostPool:
                 raise
 
     def _touch(self, at: int, end: int, cpus: list[int], threads: int) -> None:
+        began = time.monotonic()
         try:
             _C.pool_touch(self.base + at, end - at, cpus, threads)
+            self.touch_seconds += time.monotonic() - began
         except RuntimeError as e:
             shared = self.memory.shared_file
             where = f" ({shared.path}: is its filesystem full?)" if shared is not None else ""
             raise PinnedMemoryError(f"could not allocate the host pool's memory{where}: {e}") from e
 
     def _register(self, at: int, end: int, start: float) -> None:
+        began = time.monotonic()
         try:
             _C.pool_register(self.base + at, end - at, self.device)
         except _C.CudaError as e:
@@ -373,6 +378,7 @@ class HostPool:
                                     f"{self.nbytes}-byte host pool: {e}{_memlock_hint(self.nbytes)}") from e
         with self._cond:
             self._registered.append(self.base + at)
+            self.register_seconds += time.monotonic() - began
         self._advance(at, end, start)
 
     def _advance(self, at: int, end: int, start: float) -> None:
