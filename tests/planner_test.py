@@ -258,7 +258,11 @@ def test_a_partly_shared_tensor_is_still_an_overlap():
 def test_from_tensors_rejects_mismatched_groups():
     gpu = [[torch.zeros((8, 64), dtype=torch.uint8), torch.zeros((6, 64), dtype=torch.uint8)]]
     cpu = [[torch.zeros((4, 64), dtype=torch.uint8), torch.zeros((4, 64), dtype=torch.uint8)]]
-    with pytest.raises(ValueError, match=r"gpu\[0\]/cpu\[0\]: tensors of one group differ"):
+    with pytest.raises(ValueError, match=r"gpu\[0\]: tensors of one group differ in block count"):
+        KVLayout.from_tensors(gpu, cpu, 1)
+    gpu = [[torch.zeros((8, 64), dtype=torch.uint8), torch.zeros((8, 64), dtype=torch.uint8)]]
+    cpu = [[torch.zeros((4, 64), dtype=torch.uint8), torch.zeros((5, 64), dtype=torch.uint8)]]
+    with pytest.raises(ValueError, match=r"cpu\[0\]: tensors of one group differ in chunk count"):
         KVLayout.from_tensors(gpu, cpu, 1)
     with pytest.raises(ValueError, match=r"gpu\[0\]\[0\]: each index of dim 0 must be contiguous"):
         KVLayout.from_tensors([[torch.zeros((8, 64, 2))[:, :, 0]]], [[torch.zeros((4, 512))]], 1)

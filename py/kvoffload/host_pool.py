@@ -31,7 +31,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from kvoffload import _C, numa
-from kvoffload.planner import GroupLayout, KVLayout, TensorLayout, TransferPlan, alias_classes
+from kvoffload.planner import KVLayout, TransferPlan, alias_classes
 from kvoffload.pool_memory import HUGE_PAGES, PinnedMemoryError, PoolMemory
 from kvoffload.pool_pieces import ChunkRun, piece_ends, split_at
 
@@ -115,17 +115,7 @@ def kv_layout(gpu_tensors: Sequence[Sequence], pages: Sequence[Sequence[int]], n
     pool; a tensor referenced by several groups has one CPU region, which they share."""
     cpu = cpu_tensor_layouts(pages, num_chunks, blocks_per_chunk, pool_base, cpu_layout,
                              tensor_owners(gpu_tensors))
-    groups = []
-    for g, tensors in enumerate(gpu_tensors):
-        layouts = tuple(
-            TensorLayout(gpu_base=t.data_ptr(), gpu_stride=t.stride(0) * t.element_size(),
-                         page_bytes=pages[g][i], cpu_base=cpu[g][i][0], cpu_stride=cpu[g][i][1])
-            for i, t in enumerate(tensors))
-        blocks = {t.shape[0] for t in tensors}
-        if len(blocks) > 1:
-            raise ValueError(f"gpu_tensors[{g}]: tensors of one group differ in block count")
-        groups.append(GroupLayout(layouts, blocks.pop() if blocks else 0, num_chunks[g]))
-    return KVLayout(tuple(groups), blocks_per_chunk)
+    return KVLayout.from_parts(gpu_tensors, pages, cpu, num_chunks, blocks_per_chunk)
 
 
 def chunk_runs(pages: Sequence[Sequence[int]], num_chunks: Sequence[int], blocks_per_chunk: int,

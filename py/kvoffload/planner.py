@@ -188,28 +188,39 @@ class KVLayout:
         if len(gpu) != len(cpu):
             raise ValueError(f"cpu: has {len(cpu)} groups but gpu has {len(gpu)}")
         pages = tensor_pages(gpu, page_bytes, "gpu")
-        groups = []
+        regions, num_chunks = [], []
         for g, (gpu_tensors, cpu_tensors) in enumerate(zip(gpu, cpu)):
             if len(gpu_tensors) != len(cpu_tensors):
                 raise ValueError(f"cpu[{g}]: has {len(cpu_tensors)} tensors but gpu[{g}] has "
                                  f"{len(gpu_tensors)}")
-            tensors, blocks, chunks = [], set(), set()
-            for t, (a, b) in enumerate(zip(gpu_tensors, cpu_tensors)):
-                page = pages[g][t]
+            for t, (b, page) in enumerate(zip(cpu_tensors, pages[g])):
                 if block_bytes(b, f"cpu[{g}][{t}]") < blocks_per_chunk * page:
                     raise ValueError(f"cpu[{g}][{t}]: a chunk cannot hold {blocks_per_chunk} "
                                      f"pages of {page} bytes")
-                tensors.append(TensorLayout(
-                    gpu_base=a.data_ptr(), gpu_stride=a.stride(0) * a.element_size(),
-                    page_bytes=page, cpu_base=b.data_ptr(),
-                    cpu_stride=b.stride(0) * b.element_size()))
-                blocks.add(a.shape[0])
-                chunks.add(b.shape[0])
-            if len(blocks) > 1 or len(chunks) > 1:
-                raise ValueError(f"gpu[{g}]/cpu[{g}]: tensors of one group differ in block or "
-                                 "chunk count")
-            groups.append(GroupLayout(tuple(tensors), blocks.pop() if blocks else 0,
-                                      chunks.pop() if chunks else 0))
+            regions.append([(b.data_ptr(), b.stride(0) * b.element_size()) for b in cpu_tensors])
+            chunks = {b.shape[0] for b in cpu_tensors}
+            if len(chunks) > 1:
+                raise ValueError(f"cpu[{g}]: tensors of one group differ in chunk count")
+            num_chunks.append(chunks.pop() if chunks else 0)
+        return cls.from_parts(gpu, pages, regions, num_chunks, blocks_per_chunk, "gpu")
+
+    @classmethod
+    def from_parts(cls, gpu: Sequence[Sequence], pages: Sequence[Sequence[int]],
+                   cpu_regions: Sequence[Sequence[tuple[int, int]]], num_chunks: Sequence[int],
+                   blocks_per_chunk: int, name: str = "gpu_tensors") -> "KVLayout":
+        """From GPU torch tensors (gpu[g][t], blocks along dim 0), their pages, and the
+        (base, stride) of each tensor's CPU chunks: what every constructor ends in."""
+        groups = []
+        for g, tensors in enumerate(gpu):
+            blocks = {t.shape[0] for t in tensors}
+            if len(blocks) > 1:
+                raise ValueError(f"{name}[{g}]: tensors of one group differ in block count")
+            groups.append(GroupLayout(
+                tuple(TensorLayout(gpu_base=t.data_ptr(), gpu_stride=t.stride(0) * t.element_size(),
+                                   page_bytes=pages[g][i], cpu_base=cpu_regions[g][i][0],
+                                   cpu_stride=cpu_regions[g][i][1])
+                      for i, t in enumerate(tensors)),
+                blocks.pop() if blocks else 0, num_chunks[g]))
         return cls(tuple(groups), blocks_per_chunk)
 
 
