@@ -105,7 +105,7 @@ def test_during_api_call_sources_are_read_before_return(rng, stream_name):
 
 @pytest.mark.parametrize("per_call", [1, 7, 1000])
 def test_chunked_driver_calls(rng, per_call):
-    result, _ = run_copy(rng, "h2d", np.full(1000, 256), slot=512, max_copies_per_call=per_call)
+    result, _ = run_copy(rng, "h2d", np.full(1000, 256), slot=512, _max_copies_per_call=per_call)
     assert result.driver_calls == -(-1000 // per_call)
 
 

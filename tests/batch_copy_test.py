@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kvoffload as kv
-from kvoffload.batch_copy import MAX_HOST_THREADS
+from kvoffload.batch_copy import _HOST_THREADING_BYTES, MAX_HOST_THREADS, _device_path
 from scatter import POISON, poisoned, random_bytes, scatter
 
 HOST_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
@@ -61,7 +61,7 @@ class TestHostCopy:
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         result = kv.host_copy(offsets + src.ctypes.data, offsets + dst.ctypes.data + 32,
                               sizes, threads=3, registry=kv.UNCHECKED)
-        assert total >= kv.HOST_THREADING_BYTES and result.driver_calls == 3
+        assert total >= _HOST_THREADING_BYTES and result.driver_calls == 3
         np.testing.assert_array_equal(dst[32 : 32 + total], src)
         assert (dst[:32] == POISON).all() and (dst[32 + total :] == POISON).all()
 
@@ -126,7 +126,7 @@ BAD_BATCH_OPTIONS = {
     "stream float": (dict(stream=2.0), TypeError, r"stream: expected None"),
     "stream bool": (dict(stream=True), TypeError, r"stream: expected None"),
     "stream negative": (dict(stream=-1), ValueError, r"stream: handle must be >= 0"),
-    "chunk size": (dict(max_copies_per_call=-1), ValueError, r"max_copies_per_call: must be >= 0"),
+    "chunk size": (dict(_max_copies_per_call=-1), ValueError, r"max_copies_per_call: must be >= 0"),
 }
 
 
@@ -141,7 +141,7 @@ def test_bad_batch_options_raise_naming_the_argument(rng, case):
 
 BAD_KERNEL_OPTIONS = [
     (kernel_copy, dict(max_ctas=0), r"max_ctas: must be >= 1, got 0"),
-    (kernel_copy, dict(piece_bytes=8), r"piece_bytes: must be >= 16, got 8"),
+    (kernel_copy, dict(_piece_bytes=8), r"piece_bytes: must be >= 16, got 8"),
     (staged_load, dict(max_ctas=-1), r"max_ctas: must be >= 1, got -1"),
     (staged_load, dict(slot_bytes=1000), r"slot_bytes: must be a multiple of 256 and >= 4096"),
     (staged_load, dict(slots=1), r"slots: must be >= 2, got 1"),
@@ -202,7 +202,7 @@ DEVICE_PATHS = [
 
 @pytest.mark.parametrize("stream,entry_point,per_copy,path,reason", DEVICE_PATHS)
 def test_device_path_names_its_reason(stream, entry_point, per_copy, path, reason):
-    got_path, got_reason = kv.device_path(stream, entry_point, per_copy)
+    got_path, got_reason = _device_path(stream, entry_point, per_copy)
     assert got_path == path and got_reason.startswith(reason)
 
 
@@ -212,7 +212,7 @@ def test_a_stream_protocol_that_returns_no_pair_is_a_type_error():
             return 5
 
     with pytest.raises(TypeError, match=r"stream: __cuda_stream__\(\) must return"):
-        kv.device_path(Broken(), True)
+        _device_path(Broken(), True)
 
 
 @HOST_ONLY
@@ -326,7 +326,7 @@ class TestCopyBlocks:
 
 
 def test_host_copy_threads_are_capped_and_validated(rng):
-    n = kv.HOST_THREADING_BYTES
+    n = _HOST_THREADING_BYTES
     src, dst = random_bytes(rng, n), poisoned(n)
     result = kv.host_copy([src.ctypes.data], [dst.ctypes.data], [n], threads=40000, registry=kv.UNCHECKED)
     assert result.driver_calls == MAX_HOST_THREADS
@@ -339,7 +339,8 @@ _NO_ROOM_FOR_THREADS = """
 import resource, sys
 import numpy as np
 import kvoffload as kv
-n = kv.HOST_THREADING_BYTES
+from kvoffload.batch_copy import _HOST_THREADING_BYTES
+n = _HOST_THREADING_BYTES
 rng = np.random.default_rng(int(sys.argv[1]))
 src, dst = rng.integers(0, 256, n, dtype=np.uint8), np.full(n, 0xA5, np.uint8)
 vm_kib = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize"))
@@ -434,7 +435,7 @@ class TestCopyBlocksSoundness:
         src, dst = _block_tensors(rng, np.ascontiguousarray)
         kv.copy_blocks(src, dst, np.array([[5, 1]]), stream=np.int64(0), order=np.int64(3))
         np.testing.assert_array_equal(dst[1], src[5])
-        assert kv.device_path(np.int64(CREATED_STREAM), True) == kv.device_path(CREATED_STREAM, True)
+        assert _device_path(np.int64(CREATED_STREAM), True) == _device_path(CREATED_STREAM, True)
 
 
 # One bad argument, every entry point and mode: the same exception and message. Each case

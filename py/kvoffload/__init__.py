@@ -4,7 +4,6 @@
 __version__ = "0.1.0"
 
 from kvoffload.batch_copy import (
-    HOST_THREADING_BYTES,
     CopyResult,
     CudaError,
     NoCudaDeviceError,
@@ -12,7 +11,6 @@ from kvoffload.batch_copy import (
     batch_copy,
     batch_entry_point_version,
     copy_blocks,
-    device_path,
     host_copy,
     kernel_copy,
     staged_copy,
@@ -22,7 +20,6 @@ from kvoffload.registry import UNCHECKED, MemoryRegistry
 from kvoffload.vocabulary import Direction, MemoryKind
 
 __all__ = [
-    "HOST_THREADING_BYTES",
     "UNCHECKED",
     "MemoryRegistry",
     "CopyResult",
@@ -34,7 +31,6 @@ __all__ = [
     "batch_copy",
     "batch_entry_point_version",
     "copy_blocks",
-    "device_path",
     "host_copy",
     "kernel_copy",
     "staged_copy",

@@ -56,10 +56,10 @@ def batch_copy(
     sizes: Int64Array,
     stream: Stream = None,
     order: Orders = SrcAccessOrder.STREAM,
-    max_copies_per_call: int = 0,
     per_copy: bool = False,
     *,
     registry,
+    _max_copies_per_call: int = 0,
 ) -> CopyResult:
     """Enqueues ``sizes[i]`` bytes from ``src[i]`` to ``dst[i]`` on ``stream``.
 
@@ -67,11 +67,11 @@ def batch_copy(
     stream is the legacy default stream, the driver lacks the batch call or answers
     "not supported", or ``per_copy`` is set; ``result.path`` and ``result.reason``
     say which. ``order`` is one SrcAccessOrder for all copies or one per copy;
-    ANY is safe only when nothing in flight writes the source. ``max_copies_per_call``
-    splits the batch into driver calls of at most that many copies (0: one call).
+    ANY is safe only when nothing in flight writes the source. (Tests split the batch
+    into driver calls of at most ``_max_copies_per_call`` copies; 0: one call.)
     """
     src, dst, sizes = _checked(registry, src, dst, sizes)
-    return _C.batch_copy(src, dst, sizes, stream, order, max_copies_per_call, per_copy)
+    return _C.batch_copy(src, dst, sizes, stream, order, _max_copies_per_call, per_copy)
 
 
 def kernel_copy(
@@ -80,19 +80,19 @@ def kernel_copy(
     sizes: Int64Array,
     stream: Stream = None,
     max_ctas: int = 8,
-    piece_bytes: int = 64 << 10,
     *,
     registry,
+    _piece_bytes: int = 64 << 10,
 ) -> CopyResult:
     """Copies with an SM kernel of at most ``max_ctas`` CTAs of 1024 threads.
 
     Both ends of every copy must be memory of the stream's device or page-locked host
     memory (read through the GPU's mapping, over PCIe); pageable host memory is refused
-    with a ValueError. Copies over ``piece_bytes`` are split so warps share them.
+    with a ValueError. Large copies are split into pieces that warps share.
     Descriptors reach the GPU in stream order.
     """
     src, dst, sizes = _checked(registry, src, dst, sizes)
-    return _C.kernel_copy(src, dst, sizes, stream, max_ctas, piece_bytes)
+    return _C.kernel_copy(src, dst, sizes, stream, max_ctas, _piece_bytes)
 
 
 def staged_copy(
@@ -140,7 +140,7 @@ def host_copy(src: Int64Array, dst: Int64Array, sizes: Int64Array, threads: int 
               registry) -> CopyResult:
     """Copies host memory to host memory with memcpy; needs no GPU.
 
-    Batches of at least ``HOST_THREADING_BYTES`` are split over ``threads`` threads
+    Large batches (``_HOST_THREADING_BYTES``) are split over ``threads`` threads
     (0: the core count, at most 8; never more than ``MAX_HOST_THREADS``). Ranges must
     not overlap. A thread that cannot be started raises RuntimeError, nothing copied.
     """
@@ -154,7 +154,8 @@ def copy_blocks(
     block_mapping: Any,
     stream: Stream = None,
     order: Orders = SrcAccessOrder.STREAM,
-    max_copies_per_call: int = 0,
+    *,
+    _max_copies_per_call: int = 0,
 ) -> CopyResult:
     """Copies block ``block_mapping[i, 0]`` of ``src`` to block ``block_mapping[i, 1]`` of ``dst``.
 
@@ -171,7 +172,7 @@ def copy_blocks(
         for bit, resolve in (("is_conj", "resolve_conj"), ("is_neg", "resolve_neg")):
             if getattr(tensor, bit, lambda: False)():
                 raise ValueError(f"{name}: has its {bit[3:]} bit set; call {resolve}() first")
-    return _C.copy_blocks(src, dst, block_mapping, stream, order, max_copies_per_call)
+    return _C.copy_blocks(src, dst, block_mapping, stream, order, _max_copies_per_call)
 
 
 def stream_device(stream: Stream) -> int:
@@ -179,8 +180,8 @@ def stream_device(stream: Stream) -> int:
     return _C.stream_device(stream)
 
 
-def device_path(stream: Stream, batch_entry_point: bool, per_copy: bool = False) -> tuple[str, str]:
-    """The (path, reason) a device batch on ``stream`` takes, without calling CUDA."""
+def _device_path(stream: Stream, batch_entry_point: bool, per_copy: bool = False) -> tuple[str, str]:
+    """The (path, reason) a device batch on ``stream`` takes, without calling CUDA (for tests)."""
     return _C.device_path(stream, batch_entry_point, per_copy)
 
 
@@ -189,5 +190,5 @@ def batch_entry_point_version() -> int:
     return _C.batch_entry_point_version()
 
 
-HOST_THREADING_BYTES: int = _C.HOST_THREADING_BYTES
+_HOST_THREADING_BYTES: int = _C.HOST_THREADING_BYTES  # tests reach it
 MAX_HOST_THREADS: int = _C.MAX_HOST_THREADS
