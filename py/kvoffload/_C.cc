@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "cc/batch_copy.h"
+#include "cc/block_geometry.h"
+#include "cc/block_mapping.h"
 #include "cc/copy_batch.h"
 #include "cc/copy_kernel.h"
 #include "cc/copy_path.h"
@@ -298,37 +300,30 @@ struct BlockTensor {
                              " is neither host memory nor CUDA memory")
                                 .c_str());
     }
-    if (array.ndim() < 1) throw nb::value_error((name + ": needs a block dimension").c_str());
-    int64_t elements = 1;
-    for (size_t d = array.ndim(); d-- > 1;) {
-      if (array.size() > 0 && array.shape(d) != 1 && array.stride(d) != elements) {
-        throw nb::value_error((name + ": each block (dims 1 and up) must be contiguous").c_str());
-      }
-      elements *= static_cast<int64_t>(array.shape(d));
-    }
-    blocks = static_cast<int64_t>(array.shape(0));
-    if (blocks > 1 && elements > 0 && array.stride(0) < elements) {
-      throw nb::value_error((name + ": blocks overlap (dim-0 stride " +
-                             std::to_string(array.stride(0)) + " < block size " +
-                             std::to_string(elements) + " elements)")
-                                .c_str());
-    }
-    block_bytes = elements * static_cast<int64_t>(array.itemsize());
-    stride_bytes = array.stride(0) * static_cast<int64_t>(array.itemsize());
-    base = reinterpret_cast<int64_t>(array.data());
+    const int64_t *shape = array.shape_ptr(), *strides = array.stride_ptr();
+    at.geometry = BlockGeometryOf(std::vector<int64_t>(shape, shape + array.ndim()),
+                                  std::vector<int64_t>(strides, strides + array.ndim()),
+                                  static_cast<int64_t>(array.itemsize()), name);
+    at.base = reinterpret_cast<int64_t>(array.data());
   }
 
   bool on_host() const { return array.device_type() == nb::device::cpu::value; }
   bool on_gpu() const { return !IsCpuDevice(array.device_type()); }
-  int64_t Address(int64_t block) const { return base + block * stride_bytes; }
 
   std::string name;
   ReadOnlyArray array;
-  int64_t blocks = 0;
-  int64_t block_bytes = 0;
-  int64_t stride_bytes = 0;
-  int64_t base = 0;
+  BlockTensorAt at;
 };
+
+// BlockGeometryOf for Python code (kvoffload.planner) that has no DLPack tensor at hand.
+nb::tuple PyBlockGeometry(nb::handle shape, nb::handle strides, int64_t itemsize,
+                          const std::string& name) {
+  const Int64Array dims(shape, "shape", 1), steps(strides, "strides", 1);
+  const BlockGeometry g = BlockGeometryOf(
+      std::vector<int64_t>(dims.data(), dims.data() + dims.size()),
+      std::vector<int64_t>(steps.data(), steps.data() + steps.size()), itemsize, name);
+  return nb::make_tuple(g.blocks, g.block_bytes, g.stride_bytes);
+}
 
 void CheckSameBlocks(const BlockTensor& src, const BlockTensor& dst) {
   if (src.array.dtype() != dst.array.dtype()) {
@@ -355,36 +350,6 @@ void RequireStreamDevice(const BlockTensor& tensor, cudaStream_t stream) {
   }
 }
 
-// Refuses a mapping whose destination block shares bytes with a source block (src and
-// dst may be one tensor): copies run in parallel, so such a block would be torn.
-void RefuseAliasing(const std::vector<int64_t>& src, const std::vector<int64_t>& dst,
-                    int64_t block_bytes) {
-  struct Block {
-    int64_t start, row;
-    bool is_dst;
-  };
-  std::vector<Block> blocks;
-  blocks.reserve(2 * src.size());
-  for (size_t i = 0; i < src.size(); ++i) {
-    blocks.push_back({src[i], static_cast<int64_t>(i), false});
-    blocks.push_back({dst[i], static_cast<int64_t>(i), true});
-  }
-  std::sort(blocks.begin(), blocks.end(),
-            [](const Block& a, const Block& b) { return a.start < b.start; });
-  Block last[2] = {{0, -1, false}, {0, -1, true}};  // the last source and destination seen
-  for (const Block& b : blocks) {
-    const Block& other = last[!b.is_dst];
-    if (other.row >= 0 && other.start + block_bytes > b.start) {
-      const int64_t d = b.is_dst ? b.row : other.row, s = b.is_dst ? other.row : b.row;
-      throw nb::value_error(("block_mapping[" + std::to_string(d) + ", 1]: destination block "
-                             "shares memory with the source block of block_mapping[" +
-                             std::to_string(s) + ", 0]")
-                                .c_str());
-    }
-    last[b.is_dst] = b;
-  }
-}
-
 // Copies block mapping[i, 0] of src to block mapping[i, 1] of dst, for every i.
 CopyResult PyCopyBlocks(nb::handle src_obj, nb::handle dst_obj, nb::handle mapping_obj,
                         nb::handle stream, nb::handle order, int64_t max_copies_per_call) {
@@ -398,43 +363,17 @@ CopyResult PyCopyBlocks(nb::handle src_obj, nb::handle dst_obj, nb::handle mappi
                            std::to_string(mapping.shape(1)) + "]")
                               .c_str());
   }
-  const int64_t count = src.block_bytes == 0 ? 0 : mapping.shape(0);
-  std::vector<int64_t> src_ptr(count), dst_ptr(count), sizes(count, src.block_bytes);
-  std::vector<bool> written(dst.blocks, false);
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t s = mapping.data()[2 * i], d = mapping.data()[2 * i + 1];
-    const std::string at = "block_mapping[" + std::to_string(i);
-    if (s < 0 || s >= src.blocks) {
-      throw nb::value_error((at + ", 0]: source block " + std::to_string(s) +
-                             " is out of range for src with " + std::to_string(src.blocks) +
-                             " blocks")
-                                .c_str());
-    }
-    if (d < 0 || d >= dst.blocks) {
-      throw nb::value_error((at + ", 1]: destination block " + std::to_string(d) +
-                             " is out of range for dst with " + std::to_string(dst.blocks) +
-                             " blocks")
-                                .c_str());
-    }
-    if (written[d]) {
-      throw nb::value_error(
-          (at + ", 1]: destination block " + std::to_string(d) + " is written twice").c_str());
-    }
-    written[d] = true;
-    src_ptr[i] = src.Address(s);
-    dst_ptr[i] = dst.Address(d);
-  }
-  RefuseAliasing(src_ptr, dst_ptr, src.block_bytes);
+  const BlockCopies copies = MapBlocks(src.at, dst.at, mapping.data(), mapping.shape(0));
+  const int64_t count = copies.count();
   const cudaStream_t s = ToStream(stream);
   const std::vector<uint8_t> orders = ToOrders(order, count);
   if (src.on_host() && dst.on_host()) {
-    return RunHostCopy(CopyBatch{src_ptr.data(), dst_ptr.data(), sizes.data(), count}, 0);
+    return RunHostCopy(copies.Batch(), 0);
   }
   RequireStreamDevice(src, s);
   RequireStreamDevice(dst, s);
-  return RunBatchCopy(
-      CopyBatch{src_ptr.data(), dst_ptr.data(), sizes.data(), count, orders.data()},
-      s, BatchCopyOptions{max_copies_per_call, false});
+  return RunBatchCopy(copies.Batch(orders.data()), s,
+                      BatchCopyOptions{max_copies_per_call, false});
 }
 
 
@@ -645,6 +584,11 @@ NB_MODULE(_C, m) {
   m.def("int64_vector", &PyInt64Vector, nb::arg("values").none(), nb::arg("name"),
         "values (a 1-D int64 host array or a sequence of ints) validated and copied; "
         "errors name the argument `name`.");
+  m.def("block_geometry", &PyBlockGeometry, nb::arg("shape").none(), nb::arg("strides").none(),
+        nb::arg("itemsize"), nb::arg("name"),
+        "(blocks, block_bytes, stride_bytes) of a tensor of `shape` and `strides` (sequences "
+        "of ints, in elements) seen as blocks along dim 0, as copy_blocks sees its tensors; "
+        "ValueError naming `name` unless each block is contiguous and no two overlap.");
   m.def("copy_blocks", &PyCopyBlocks, nb::arg("src").none(), nb::arg("dst").none(),
         nb::arg("block_mapping").none(), nb::arg("stream").none() = nb::none(),
         nb::arg("order").none() = static_cast<int>(SrcAccessOrder::kStream),
