@@ -205,12 +205,10 @@ int64_t BuildSegments(const PageLayout& layout, const PageJob& job, std::vector<
 }
 
 void JobKeys(const PageLayout& layout, const PageJob& job, const int64_t* gpu_offset,
-             const int64_t* cpu_offset, std::vector<int64_t>& gpu, std::vector<int64_t>& cpu) {
+             const int64_t* cpu_offset, int64_t* gpu, int64_t* cpu) {
   const int64_t bpc = layout.blocks_per_chunk();
-  gpu.resize(job.num_block_ids);
-  cpu.resize(job.num_block_ids);
-  int64_t* gpu_out = gpu.data();
-  int64_t* cpu_out = cpu.data();
+  int64_t* gpu_out = gpu;
+  int64_t* cpu_out = cpu;
   const int64_t* block = job.block_ids;
   const int64_t* chunk = job.chunk_ids;
   for (int64_t g = 0; g < job.groups; ++g) {

@@ -100,9 +100,9 @@ void SliceHostRuns(const PageLayout& layout, const std::vector<Segment>& segment
 // Where a (validated) job's bytes lie, for conflict tracking: per block, its index in a
 // flat numbering of every GPU block, gpu_offset[g] + block id, and of every CPU
 // sub-block, cpu_offset[g] + chunk id * blocks_per_chunk + sub-block. Groups that share
-// tensors share an offset.
+// tensors share an offset. gpu and cpu hold job.num_block_ids keys each.
 void JobKeys(const PageLayout& layout, const PageJob& job, const int64_t* gpu_offset,
-             const int64_t* cpu_offset, std::vector<int64_t>& gpu, std::vector<int64_t>& cpu);
+             const int64_t* cpu_offset, int64_t* gpu, int64_t* cpu);
 
 // The reference: every unit's (GPU address, host address, bytes), in unit order.
 void UnitCopies(const PageLayout& layout, const int64_t* block_ids,

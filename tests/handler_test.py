@@ -443,7 +443,7 @@ def test_page_bytes_do_not_skip_the_contiguity_check():
         cache = torch.from_numpy(rng.integers(0, 256, (blocks, heads, dim, 2), dtype=np.uint8))  # K and V interleaved
         page = int(rng.integers(1, heads * dim + 1))
         for page_bytes in (None, [page]):
-            with pytest.raises(ValueError, match=r"gpu_tensors\[0\]\[0\]: each index of dim 0 must be contiguous"):
+            with pytest.raises(ValueError, match=r"gpu_tensors\[0\]\[0\]: each block \(dims 1 and up\) must be contiguous"):
                 OffloadHandler([[cache[..., 0]]], 4, 2, page_bytes=page_bytes)
         with pytest.raises(ValueError, match=rf"page_bytes\[0\]: {heads * dim * 2 + 1} exceeds"):
             OffloadHandler([[cache]], 4, 2, page_bytes=[heads * dim * 2 + 1])

@@ -264,7 +264,7 @@ def test_from_tensors_rejects_mismatched_groups():
     cpu = [[torch.zeros((4, 64), dtype=torch.uint8), torch.zeros((5, 64), dtype=torch.uint8)]]
     with pytest.raises(ValueError, match=r"cpu\[0\]: tensors of one group differ in chunk count"):
         KVLayout.from_tensors(gpu, cpu, 1)
-    with pytest.raises(ValueError, match=r"gpu\[0\]\[0\]: each index of dim 0 must be contiguous"):
+    with pytest.raises(ValueError, match=r"gpu\[0\]\[0\]: each block \(dims 1 and up\) must be contiguous"):
         KVLayout.from_tensors([[torch.zeros((8, 64, 2))[:, :, 0]]], [[torch.zeros((4, 512))]], 1)
     with pytest.raises(ValueError, match=r"cpu\[0\]\[0\]: a chunk cannot hold 2 pages of 256 bytes"):
         KVLayout.from_tensors([[torch.zeros((8, 64))]], [[torch.zeros((4, 64))]], 2)

@@ -29,6 +29,7 @@
 #include "cc/page_copy.h"
 #include "cc/page_table.h"
 #include "cc/pinned_pool.h"
+#include "cc/recycled_buffer.h"
 #include "cc/staged_copy.h"
 #include "cc/stream_device.h"
 
@@ -264,8 +265,8 @@ CopyResult PyHostCopy(nb::handle src, nb::handle dst, nb::handle sizes, int thre
 using Int64Vector = nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>;
 
 Int64Vector Snapshot(const Int64Array& array) {
-  auto* copy = new std::vector<int64_t>(array.data(), array.data() + array.size());
-  nb::capsule owner(copy, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
+  auto* copy = new RecycledBuffer(array.data(), array.size());
+  nb::capsule owner(copy, [](void* p) noexcept { delete static_cast<RecycledBuffer*>(p); });
   return Int64Vector(copy->data(), {copy->size()}, owner);
 }
 
@@ -381,9 +382,8 @@ CopyResult PyCopyBlocks(nb::handle src_obj, nb::handle dst_obj, nb::handle mappi
 // another thread does to the caller's arrays meanwhile.
 struct JobIds {
   JobIds(nb::handle block_ids, nb::handle chunk_ids, nb::handle group_sizes,
-         nb::handle block_indices) {
-    Take(block_ids, "block_ids", blocks);
-    Take(chunk_ids, "chunk_ids", chunks);
+         nb::handle block_indices)
+      : blocks(Copy(block_ids, "block_ids")), chunks(Copy(chunk_ids, "chunk_ids")) {
     Take(group_sizes, "group_sizes", sizes);
     Take(block_indices, "block_indices", firsts);
     if (firsts.size() != sizes.size()) {
@@ -391,6 +391,10 @@ struct JobIds {
                              " entries but group_sizes has " + std::to_string(sizes.size()))
                                 .c_str());
     }
+  }
+  static RecycledBuffer Copy(nb::handle obj, const char* name) {
+    const Int64Array array(obj, name, 1);
+    return RecycledBuffer(array.data(), array.size());
   }
   static void Take(nb::handle obj, const char* name, std::vector<int64_t>& out) {
     const Int64Array array(obj, name, 1);
@@ -402,12 +406,19 @@ struct JobIds {
                    sizes.data(),  firsts.data(),
                    static_cast<int64_t>(sizes.size())};
   }
-  std::vector<int64_t> blocks, chunks, sizes, firsts;
+  RecycledBuffer blocks, chunks;
+  std::vector<int64_t> sizes, firsts;
 };
 
 nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> ToNumpy(std::vector<int64_t> values) {
   auto* owned = new std::vector<int64_t>(std::move(values));
   nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
+  return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(owned->data(), {owned->size()}, owner);
+}
+
+nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> ToNumpy(RecycledBuffer values) {
+  auto* owned = new RecycledBuffer(std::move(values));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<RecycledBuffer*>(p); });
   return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(owned->data(), {owned->size()}, owner);
 }
 
@@ -437,11 +448,11 @@ class PyPageTable {
     const std::vector<int64_t> gpu_offsets = Offsets(gpu_offset, "gpu_offset");
     const std::vector<int64_t> cpu_offsets = Offsets(cpu_offset, "cpu_offset");
     const PageJob job = ids.Job();
-    std::vector<int64_t> gpu, cpu;
+    RecycledBuffer gpu(job.num_block_ids), cpu(job.num_block_ids);
     {
       nb::gil_scoped_release release;
       ValidateJob(layout_, job);
-      JobKeys(layout_, job, gpu_offsets.data(), cpu_offsets.data(), gpu, cpu);
+      JobKeys(layout_, job, gpu_offsets.data(), cpu_offsets.data(), gpu.data(), cpu.data());
     }
     return nb::make_tuple(ToNumpy(std::move(gpu)), ToNumpy(std::move(cpu)));
   }
@@ -675,7 +686,9 @@ NB_MODULE(_C, m) {
       .def(
           "ids",
           [](const PreparedJob& j) {
-            return nb::make_tuple(ToNumpy(j.ids.blocks), ToNumpy(j.ids.chunks),
+            const JobIds& ids = j.ids;
+            return nb::make_tuple(ToNumpy(RecycledBuffer(ids.blocks.data(), ids.blocks.size())),
+                                  ToNumpy(RecycledBuffer(ids.chunks.data(), ids.chunks.size())),
                                   ToNumpy(j.ids.sizes), ToNumpy(j.ids.firsts));
           },
           "Copies of (block_ids, chunk_ids, group_sizes, block_indices).");

@@ -71,8 +71,8 @@ class _Job:
     direction: Direction
     lane: str
     bytes: int
-    gpu_keys: np.ndarray  # flat GPU block numbers (PageTable.prepare)
-    cpu_keys: np.ndarray  # flat CPU sub-block numbers
+    gpu_keys: np.ndarray | None  # flat GPU block numbers (PageTable.prepare), until started
+    cpu_keys: np.ndarray | None  # flat CPU sub-block numbers
     descriptors: np.ndarray | None = None
     handle: object = None
     seq: int = 0  # submission number
@@ -348,6 +348,7 @@ class OffloadHandler:
         self._accesses.record(job.lane, job.gpu_keys, job.cpu_keys, job.seq)
         self._lanes.start(job.handle)
         self._unstarted = None
+        job.gpu_keys = job.cpu_keys = None  # recorded: their (recycled) memory can go to the next job
         return True
 
     def _start_unstarted(self) -> None:
@@ -366,6 +367,7 @@ class OffloadHandler:
             self._accesses.record(job.lane, job.gpu_keys, job.cpu_keys, job.seq)
             self._lanes.start(job.handle)
         self._unstarted = None
+        job.gpu_keys = job.cpu_keys = None
 
     def get_finished(self) -> list[TransferResult]:
         """The jobs that completed since the last call, without blocking."""

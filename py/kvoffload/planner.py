@@ -225,15 +225,9 @@ class KVLayout:
 
 
 def block_bytes(tensor, name: str) -> int:
-    """Bytes per index of dim 0, which must be contiguous."""
-    if tensor.dim() < 1:
-        raise ValueError(f"{name}: needs a block dimension")
-    expected = 1
-    for size, stride in zip(reversed(tensor.shape[1:]), reversed(tensor.stride()[1:])):
-        if size != 1 and stride != expected:
-            raise ValueError(f"{name}: each index of dim 0 must be contiguous")
-        expected *= size
-    return expected * tensor.element_size()
+    """Bytes per index of dim 0 (a block), which must be contiguous: the geometry
+    copy_blocks uses (kvoffload._C.block_geometry)."""
+    return _C.block_geometry(tensor.shape, tensor.stride(), tensor.element_size(), name)[1]
 
 
 def tensor_pages(gpu: Sequence[Sequence], page_bytes: Sequence | None = None,
