@@ -52,6 +52,22 @@ def test_transparent_huge_pages_are_advised_or_a_warning_says_why_not():
     memory.close()
 
 
+@pytest.mark.parametrize("mode", ["always", "madvise", "never", "deny"])
+def test_auto_huge_pages_follow_the_machine_without_a_warning(monkeypatch, mode):
+    if mode in ("always", "madvise") and thp_mode("enabled") == "never":
+        pytest.skip("this machine has no transparent huge pages")
+    monkeypatch.setattr(pool_memory, "_thp_mode", lambda name: mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        memory = PoolMemory(8 << 20, huge_pages="auto")
+    flags = mapping(memory.base)["VmFlags"].split()
+    if mode in ("never", "deny"):
+        assert memory.huge_pages == "off" and "hg" not in flags
+    else:
+        assert memory.huge_pages == "thp" and "hg" in flags
+    memory.close()
+
+
 def test_hugetlb_without_reserved_pages_falls_back_with_a_warning():
     reserved = int(open("/proc/sys/vm/nr_hugepages").read())
     with warnings.catch_warnings(record=True) as caught:
@@ -89,7 +105,7 @@ def test_a_shared_pool_larger_than_dev_shm_is_refused_and_leaves_no_file():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(huge_pages="2M"), r"huge_pages: expected one of \('off', 'thp', 'hugetlb'\)"),
+    (dict(huge_pages="2M"), r"huge_pages: expected one of \('auto', 'off', 'thp', 'hugetlb'\)"),
     (dict(huge_pages="hugetlb", shm_name="x"), r"huge_pages: 'hugetlb' is for anonymous pools"),
     (dict(shm_name="a/b"), r"shm_name: expected a file name without '/'"),
 ])

@@ -16,7 +16,7 @@ import numpy as np
 from kvoffload import _C
 from kvoffload.shm_file import SHM_DIR, SharedFile
 
-HUGE_PAGES = ("off", "thp", "hugetlb")
+HUGE_PAGES = ("auto", "off", "thp", "hugetlb")
 PAGE = 4096
 HUGE_PAGE = 2 << 20
 _MAP_HUGETLB = 0x40000  # <sys/mman.h>; Python's mmap module does not name it
@@ -68,7 +68,8 @@ class PoolMemory:
     shm_name: the pool is the file of that name under ``shm_dir``, shared with other
     processes (see kvoffload.shm_file). huge_pages: "off", "thp" (madvise(MADV_HUGEPAGE)),
     or "hugetlb" (reserved 2 MiB pages; anonymous pools only), falling back to the next
-    with a RuntimeWarning. host_alloc_device: allocate with cudaHostAlloc for this device
+    with a RuntimeWarning; "auto" is "thp" where the machine has transparent huge pages
+    and "off" elsewhere, without a warning. host_alloc_device: allocate with cudaHostAlloc for this device
     instead (the pool is then pinned already).
     """
 
@@ -122,23 +123,25 @@ class PoolMemory:
             except BaseException:
                 self.shared_file.close()
                 raise
-        if self.huge_pages == "thp":
-            self._advise_huge_pages()
+        if self.huge_pages in ("thp", "auto"):
+            self._advise_huge_pages(warn=self.huge_pages == "thp")
         return np.frombuffer(self._mmap, np.uint8)
 
-    def _advise_huge_pages(self) -> None:
+    def _advise_huge_pages(self, warn: bool) -> None:
+        """Sets huge_pages to "thp", or to "off" (with a warning if ``warn``) where the
+        machine or the kernel refuses them."""
         mode = _thp_mode("enabled" if self.shared_file is None else "shmem_enabled")
+        why = None
         if mode in ("never", "deny"):
-            warnings.warn(f"huge_pages='thp': transparent huge pages are '{mode}' on this machine "
-                          f"({_THP}); using 4 KiB pages", RuntimeWarning, stacklevel=5)
-            self.huge_pages = "off"
-            return
-        try:
-            self._mmap.madvise(_MADV_HUGEPAGE)
-        except OSError as e:
-            warnings.warn(f"huge_pages='thp': madvise(MADV_HUGEPAGE) failed ({e}); using 4 KiB "
-                          "pages", RuntimeWarning, stacklevel=5)
-            self.huge_pages = "off"
+            why = f"transparent huge pages are '{mode}' on this machine ({_THP})"
+        else:
+            try:
+                self._mmap.madvise(_MADV_HUGEPAGE)
+            except OSError as e:
+                why = f"madvise(MADV_HUGEPAGE) failed ({e})"
+        self.huge_pages = "off" if why else "thp"
+        if why and warn:
+            warnings.warn(f"huge_pages='thp': {why}; using 4 KiB pages", RuntimeWarning, stacklevel=5)
 
     def close(self) -> bool:
         """Drops the pool's view of its memory and leaves a shared file; returns whether this
