@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kvoffload as kv
-from kvoffload import auto, calibration
+from kvoffload import auto, calibration, copy_methods
 from scatter import POISON
 
 POOL = 64 << 20
@@ -39,10 +39,9 @@ def test_calibration_is_measured_on_its_device_once_cached_and_keyed(tmp_path, m
     assert calibration.calibration(device) == cal
 
 
-@pytest.mark.parametrize("direction", ["h2d", "d2h"])
-@pytest.mark.parametrize("block,runs", [(4096, False), (4096, True), (1 << 20, False)])
-@pytest.mark.parametrize("max_slowdown", [None, 0.0, 0.02])
-def test_auto_copies_are_exact_with_the_method_it_chose(direction, block, runs, max_slowdown):
+def copy_exactly(direction, block, runs, **copy_options):
+    """auto.copy of 16 MiB of block-sized copies (host side in runs or scattered) into a
+    poisoned destination; asserts every byte and returns (result, host addresses)."""
     rng = np.random.default_rng(block + runs)
     host_bytes = rng.integers(0, 256, POOL, dtype=np.uint8)
     host = torch.from_numpy(host_bytes.copy()).pin_memory()
@@ -60,14 +59,30 @@ def test_auto_copies_are_exact_with_the_method_it_chose(direction, block, runs, 
     registry.register_tensor("device", device)
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()
-    result = auto.copy(s, d, np.full(n, block), stream, direction=direction, max_slowdown=max_slowdown,
-                       registry=registry)
+    result = auto.copy(s, d, np.full(n, block), stream, direction=direction, registry=registry, **copy_options)
     stream.synchronize()
     want = np.full(POOL, POISON, np.uint8)
     for so, do in zip(src_off, dst_off):
         want[do : do + block] = src_bytes[so : so + block]
     np.testing.assert_array_equal(dst_tensor.cpu().numpy(), want)
-    host_side = h + host.data_ptr()
+    return result, h + host.data_ptr()
+
+
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+@pytest.mark.parametrize("block,runs", [(4096, False), (4096, True), (1 << 20, False)])
+@pytest.mark.parametrize("max_slowdown", [None, 0.0, 0.02])
+def test_auto_copies_are_exact_with_the_method_it_chose(direction, block, runs, max_slowdown):
+    result, host_side = copy_exactly(direction, block, runs, max_slowdown=max_slowdown)
+    n = (16 << 20) // block
     chosen, _ = auto.choose(calibration.calibration(), direction, block,
                             auto.mean_host_run(host_side, np.full(n, block)), max_slowdown)
     assert result.path == chosen  # the paths are named as the methods
+
+
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+@pytest.mark.parametrize("method", [copy_methods.PerCopy(), copy_methods.Batch(), copy_methods.Kernel(max_ctas=2),
+                                    copy_methods.Staged(slot_bytes=1 << 20, slots=2, max_ctas=3)],
+                         ids=lambda m: repr(m))
+def test_a_method_object_copies_exactly_with_its_own_options(direction, method):
+    result, _ = copy_exactly(direction, 4096, True, method=method)
+    assert result.path == method.name

@@ -7,7 +7,7 @@ import torch
 
 import kvoffload as kv
 import kvoffload.auto
-from kvoffload import _C
+from kvoffload import _C, copy_methods
 from kvoffload.handler import OffloadHandler
 from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
 from kv_model import (a_failure_mid_job_fails_that_job_only, copy_half_then_fail, make_handler,
@@ -27,7 +27,8 @@ def require_gpu():
 @pytest.mark.parametrize("page", [512, 1024])
 @pytest.mark.parametrize("bpc", [1, 3])
 @pytest.mark.parametrize("method", ["pages", "pages_kernel", "auto", "batch", "per_copy", "kernel",
-                                    "staged"])
+                                    "staged", copy_methods.Kernel(max_ctas=2),
+                                    copy_methods.Staged(slot_bytes=1 << 20, slots=3, max_ctas=2)], ids=str)
 def test_store_and_load_skipping_the_first_blocks_of_a_chunk(cpu_layout, page, bpc, method):
     store_then_load_skipping_first_blocks("cuda", cpu_layout, page, bpc, method=method)
 

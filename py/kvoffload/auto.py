@@ -14,26 +14,14 @@ from __future__ import annotations
 import numpy as np
 
 from kvoffload import calibration as calibrations
-from kvoffload.batch_copy import (CopyResult, SrcAccessOrder, batch_copy, copy_arguments, kernel_copy,
-                                  staged_copy, stream_device)
+from kvoffload.batch_copy import CopyResult, SrcAccessOrder, copy_arguments, stream_device
 from kvoffload.calibration import RUN_BYTES, Calibration
+from kvoffload.copy_methods import METHODS as METHOD_OBJECTS
+from kvoffload.copy_methods import CopyMethod, copy_method
 from kvoffload.vocabulary import Direction
 
-METHODS = ("per_copy", "batch", "kernel", "staged")
+METHODS = tuple(METHOD_OBJECTS)  # the names the calibration measures, each with its defaults
 MAX_SLOWDOWN = 0.02
-
-
-def run_method(method, src, dst, sizes, stream, direction: Direction | str, order=SrcAccessOrder.STREAM, *,
-               registry):
-    if method == "per_copy":
-        return batch_copy(src, dst, sizes, stream, order=order, per_copy=True, registry=registry)
-    if method == "batch":
-        return batch_copy(src, dst, sizes, stream, order=order, registry=registry)
-    if method == "kernel":
-        return kernel_copy(src, dst, sizes, stream, registry=registry)
-    if method == "staged":
-        return staged_copy(src, dst, sizes, Direction.parse(direction, "direction"), stream, registry=registry)
-    raise ValueError(f"method: expected one of {METHODS} or 'auto', got {method!r}")
 
 
 def mean_host_run(host: np.ndarray, sizes: np.ndarray) -> float:
@@ -64,14 +52,15 @@ def choose(cal: Calibration, direction: Direction | str, copy_bytes: float, host
     return best, cal.rate_beside(best, direction, copy_bytes)
 
 
-def copy(src, dst, sizes, stream=None, *, direction: Direction | str, method: str = "auto",
-         max_slowdown: float | None = MAX_SLOWDOWN, order=SrcAccessOrder.STREAM,
-         registry) -> CopyResult:
-    """Copies with ``method``; "auto" picks one from the calibration of the stream's
-    device (see the module doc).
+def copy(src, dst, sizes, stream=None, *, direction: Direction | str,
+         method: str | CopyMethod = "auto", max_slowdown: float | None = MAX_SLOWDOWN,
+         order=SrcAccessOrder.STREAM, registry) -> CopyResult:
+    """Copies with ``method`` (a name, or a kvoffload.copy_methods object with its own
+    options); "auto" picks one from the calibration of the stream's device (see the
+    module doc).
 
-    ``direction``: a Direction, or "h2d"/"load" or "d2h"/"store". ``order`` applies to
-    the batch and per-copy methods; the kernel and staged copies read in stream order.
+    ``direction``: a Direction, or "h2d"/"load" or "d2h"/"store". ``order``: how the
+    DMA methods may read the source (the SM methods read in stream order).
     ``registry``: as for kvoffload.batch_copy.
     """
     direction = Direction.parse(direction, "direction")
@@ -84,4 +73,4 @@ def copy(src, dst, sizes, stream=None, *, direction: Direction | str, method: st
         host = direction.host_of(src, dst)
         mean = float(sizes.mean()) if len(sizes) else 0.0
         method, _ = choose(cal, direction, mean, mean_host_run(host, sizes), max_slowdown)
-    return run_method(method, src, dst, sizes, stream, direction, order, registry=registry)
+    return copy_method(method)(src, dst, sizes, stream, direction=direction, order=order, registry=registry)

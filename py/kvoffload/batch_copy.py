@@ -50,6 +50,11 @@ def _checked(registry, src, dst, sizes, src_kind=ANY, dst_kind=ANY):
     return src, dst, sizes
 
 
+KERNEL_CTAS = 8  # the kernel's and the staged copy's default CTA budget
+STAGED_SLOT_BYTES = 16 << 20
+STAGED_SLOTS = 4
+
+
 def batch_copy(
     src: Int64Array,
     dst: Int64Array,
@@ -79,7 +84,7 @@ def kernel_copy(
     dst: Int64Array,
     sizes: Int64Array,
     stream: Stream = None,
-    max_ctas: int = 8,
+    max_ctas: int = KERNEL_CTAS,
     *,
     registry,
     _piece_bytes: int = 64 << 10,
@@ -101,9 +106,9 @@ def staged_copy(
     sizes: Int64Array,
     direction: Direction | str | bool | None = None,
     stream: Stream = None,
-    slot_bytes: int = 16 << 20,
-    slots: int = 4,
-    max_ctas: int = 8,
+    slot_bytes: int = STAGED_SLOT_BYTES,
+    slots: int = STAGED_SLOTS,
+    max_ctas: int = KERNEL_CTAS,
     *,
     host_is_src: bool | None = None,
     registry,

@@ -1,6 +1,6 @@
 """What each raw-pointer copy method achieves on this machine, alone and beside a model.
 
-For every method (kvoffload.auto.METHODS), direction and block size (4 KiB to 2 MiB) it
+For every method (kvoffload.copy_methods.METHODS), direction and block size (4 KiB to 2 MiB) it
 times the method alone, with the host side scattered and in runs; at a few sizes it
 also runs the method beside the Llama-shaped layer loop of kvoffload.compute_loop and
 records its rate there and the loop's step slowdown. Measured on the device it
@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from kvoffload.batch_copy import NoCudaDeviceError
+from kvoffload.copy_methods import METHODS
 from kvoffload.registry import UNCHECKED
 from kvoffload.vocabulary import Direction
 
@@ -105,7 +106,7 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
     """Times every method on ``device``; some seconds alone, about a minute beside."""
     import torch
 
-    from kvoffload import auto, compute_loop
+    from kvoffload import compute_loop
 
     with torch.cuda.device(device):
         rng = np.random.default_rng(0)
@@ -120,7 +121,8 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
             s, d = direction.ends(h, g)
             sizes = np.full(n, block, dtype=np.int64)
             # Addresses made above inside its own buffers.
-            return lambda: auto.run_method(method, s, d, sizes, stream, direction, registry=UNCHECKED)
+            run = METHODS[method]
+            return lambda: run(s, d, sizes, stream, direction=direction, registry=UNCHECKED)
 
         def seconds(copy):
             torch.cuda.synchronize()
@@ -143,14 +145,14 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
         cal = Calibration(device_key(device), SIZES, {}, BESIDE_SIZES if beside else [])
         for pattern in PATTERNS:
             for direction in Direction:
-                for method in auto.METHODS:
+                for method in METHODS:
                     cal.rates[f"{method} {direction.short} {pattern}"] = [
                         moved / min(seconds(copies(method, direction, b, pattern)) for _ in range(2)) / 1e9
                         for b in SIZES]
         if beside:
             loop = compute_loop.ComputeLoop(torch, "model", f"cuda:{device}")
             for direction in Direction:
-                for method in auto.METHODS:
+                for method in METHODS:
                     rates, slowdowns = [], []
                     for block in BESIDE_SIZES:
                         pattern = "host_runs" if method == "staged" else "scattered"

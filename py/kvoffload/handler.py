@@ -50,6 +50,7 @@ from kvoffload.ordering import PendingWrites, safe_order
 from kvoffload.planner import (CPUSpec, GPUSpec, _require_int, check_shared, chunks_used, plan_transfer,
                                tensor_pages)
 from kvoffload.batch_copy import host_copy
+from kvoffload.copy_methods import copy_method
 from kvoffload.registry import UNCHECKED, MemoryRegistry, tensor_span
 from kvoffload.transfer_lanes import CudaLanes, HostLanes
 from kvoffload.vocabulary import Direction, MemoryKind
@@ -118,8 +119,9 @@ class OffloadHandler:
     and compute its addresses on the GPU (kvoffload.page_table): "pages" moves host runs
     by DMA through a staging ring and scatters or gathers the HBM side with a kernel of
     ``page_ctas`` CTAs, "pages_kernel" has that kernel reach the pool itself. "auto",
-    "batch", "per_copy", "kernel" and "staged" plan every page on the host and copy
-    raw pointers (kvoffload.auto); "auto" picks among those the fastest that slows a
+    "batch", "per_copy", "kernel" and "staged" (or a kvoffload.copy_methods object with
+    its own options) plan every page on the host and copy raw pointers
+    (kvoffload.auto); "auto" picks among the named ones the fastest that slows a
     model beside it by at most ``max_slowdown`` (None: the fastest alone). With "auto", a
     device without a cached calibration is measured here (kvoffload.calibration), taking
     about a minute and 1 GiB each of pinned and device memory for the while.
@@ -152,9 +154,12 @@ class OffloadHandler:
         if host_buffer is not None and not isinstance(host_buffer, torch.Tensor):
             raise TypeError(f"host_buffer: expected a CPU torch tensor, got {type(host_buffer).__name__}")
         pages = tensor_pages(gpu_tensors, page_bytes)
-        methods = ("auto",) + auto.METHODS + self.PAGE_METHODS
-        if method not in methods:
-            raise ValueError(f"method: expected one of {methods}, got {method!r}")
+        if not (isinstance(method, str) and method in ("auto",) + self.PAGE_METHODS):
+            try:
+                method = copy_method(method)
+            except ValueError:
+                raise ValueError(f"method: expected one of {('auto',) + auto.METHODS + self.PAGE_METHODS} "
+                                 f"or a kvoffload.copy_methods object, got {method!r}") from None
         _require_int("page_ctas", page_ctas, 1)
         if page_ctas > 1 << 16:
             raise ValueError(f"page_ctas: expected at most {1 << 16}, got {page_ctas}")
@@ -324,10 +329,12 @@ class OffloadHandler:
             rows = (descriptors[0, :n], descriptors[1, :n], descriptors[2, :n])
             if isinstance(self._lanes, HostLanes):
                 copy = functools.partial(host_copy, *rows, registry=UNCHECKED)
-            else:
-                copy = functools.partial(auto.copy, *rows, direction=direction,
-                                         method=self._method, max_slowdown=self._max_slowdown,
+            elif self._method == "auto":
+                copy = functools.partial(auto.copy, *rows, direction=direction, max_slowdown=self._max_slowdown,
                                          order=order, registry=UNCHECKED)
+            else:
+                copy = functools.partial(self._method, *rows, direction=direction, order=order,
+                                         registry=UNCHECKED)
         try:
             job.handle = self._lanes.make(job.lane, copy, [w.handle for w in waits],
                                           failing_with=[w.handle for w in sources])

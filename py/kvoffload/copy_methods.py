@@ -1,0 +1,81 @@
+"""The raw-pointer copy methods as objects: each holds its own options, and calling one
+copies a batch, so the layers above pass one ready method instead of its knobs.
+
+``order`` says how a DMA method may read the source (kvoffload.ordering picks the
+safe one); the SM methods read in stream order, which every order allows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, Union
+
+from kvoffload.batch_copy import (KERNEL_CTAS, STAGED_SLOT_BYTES, STAGED_SLOTS, CopyResult, SrcAccessOrder,
+                                  batch_copy, kernel_copy, staged_copy)
+from kvoffload.vocabulary import Direction
+
+
+@dataclasses.dataclass(frozen=True)
+class PerCopy:
+    """One cudaMemcpyAsync per copy."""
+
+    name: ClassVar[str] = "per_copy"
+
+    def __call__(self, src, dst, sizes, stream=None, *, direction: Direction | str,
+                 order=SrcAccessOrder.STREAM, registry) -> CopyResult:
+        return batch_copy(src, dst, sizes, stream, order=order, per_copy=True, registry=registry)
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """The driver's batch copy (cuMemcpyBatchAsync)."""
+
+    name: ClassVar[str] = "batch"
+
+    def __call__(self, src, dst, sizes, stream=None, *, direction: Direction | str,
+                 order=SrcAccessOrder.STREAM, registry) -> CopyResult:
+        return batch_copy(src, dst, sizes, stream, order=order, registry=registry)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """The SM copy kernel on at most ``max_ctas`` CTAs."""
+
+    name: ClassVar[str] = "kernel"
+    max_ctas: int = KERNEL_CTAS
+
+    def __call__(self, src, dst, sizes, stream=None, *, direction: Direction | str,
+                 order=SrcAccessOrder.STREAM, registry) -> CopyResult:
+        return kernel_copy(src, dst, sizes, stream, self.max_ctas, registry=registry)
+
+
+@dataclasses.dataclass(frozen=True)
+class Staged:
+    """DMA of host runs through a device ring of ``slots`` x ``slot_bytes``, and a
+    gather or scatter kernel of at most ``max_ctas`` CTAs."""
+
+    name: ClassVar[str] = "staged"
+    slot_bytes: int = STAGED_SLOT_BYTES
+    slots: int = STAGED_SLOTS
+    max_ctas: int = KERNEL_CTAS
+
+    def __call__(self, src, dst, sizes, stream=None, *, direction: Direction | str,
+                 order=SrcAccessOrder.STREAM, registry) -> CopyResult:
+        return staged_copy(src, dst, sizes, Direction.parse(direction, "direction"), stream,
+                           self.slot_bytes, self.slots, self.max_ctas, registry=registry)
+
+
+CopyMethod = Union[PerCopy, Batch, Kernel, Staged]
+
+# Each method with its default options, by name.
+METHODS: dict[str, CopyMethod] = {m.name: m for m in (PerCopy(), Batch(), Kernel(), Staged())}
+
+
+def copy_method(method: str | CopyMethod, name: str = "method") -> CopyMethod:
+    """The method of that name (with its defaults), or the method object itself."""
+    if isinstance(method, (PerCopy, Batch, Kernel, Staged)):
+        return method
+    if isinstance(method, str) and method in METHODS:
+        return METHODS[method]
+    raise ValueError(f"{name}: expected one of {tuple(METHODS)} or a kvoffload.copy_methods "
+                     f"object, got {method!r}")
