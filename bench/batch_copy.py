@@ -24,7 +24,7 @@ from absl import app, flags
 
 from kvoffload import compute_loop
 import kvoffload as kv
-from kvoffload import auto
+from kvoffload import auto, copy_methods
 from kvoffload.page_table import PageTable
 
 FLAGS = flags.FLAGS
@@ -55,6 +55,8 @@ flags.DEFINE_integer("passes", 8, "Copies of --moved_mib enqueued back to back b
 flags.DEFINE_integer("page_ctas", 32, "CTAs of the page copies' kernels.")
 flags.DEFINE_integer("page_slot_mib", 64, "Staging slot size of the staged page copy, MiB.")
 flags.DEFINE_integer("page_slots", 2, "Staging slots of the staged page copy.")
+flags.DEFINE_list("ctas", [], "CTA budgets N that add the methods kernel_ctasN and staged_ctasN "
+                  "(for the frontier of GB/s against step slowdown).")
 flags.DEFINE_bool("both", True, "Also measure stores and loads at once (direction 'both').")
 
 
@@ -65,7 +67,7 @@ UNCHECKED = dict(registry=kv.UNCHECKED)
 def gpu_methods(direction):
     """name -> copy(src, dst, sizes, stream)."""
     load = direction == "h2d"
-    return {
+    methods = {
         "per_copy": lambda s, d, z, st: kv.batch_copy(s, d, z, st, per_copy=True, **UNCHECKED),
         "batch_stream": lambda s, d, z, st: kv.batch_copy(s, d, z, st, order=kv.SrcAccessOrder.STREAM, **UNCHECKED),
         "batch_any": lambda s, d, z, st: kv.batch_copy(s, d, z, st, order=kv.SrcAccessOrder.ANY, **UNCHECKED),
@@ -74,7 +76,15 @@ def gpu_methods(direction):
             s, d, z, load, st, slot_bytes=FLAGS.slot_mib << 20, slots=FLAGS.slots,
             max_ctas=FLAGS.staged_ctas, **UNCHECKED),
         "auto": lambda s, d, z, st: auto.copy(s, d, z, st, direction=direction, **UNCHECKED),
+        "auto_fastest": lambda s, d, z, st: auto.copy(s, d, z, st, direction=direction, max_slowdown=None,
+                                                      **UNCHECKED),
     }
+    for n in map(int, FLAGS.ctas):
+        methods[f"kernel_ctas{n}"] = functools.partial(copy_methods.Kernel(max_ctas=n), direction=direction,
+                                                       **UNCHECKED)
+        methods[f"staged_ctas{n}"] = functools.partial(
+            copy_methods.Staged(FLAGS.slot_mib << 20, FLAGS.slots, max_ctas=n), direction=direction, **UNCHECKED)
+    return methods
 
 
 def scattered_offsets(rng, count, block, pool_bytes):
@@ -165,6 +175,8 @@ def measure_gpu(rng):
         """Fills in row's rate alone and, at the interference sizes, beside each loop."""
         best, host = min(time_gpu(torch, stream, lambda: [c() for c in copies])
                          for _ in range(FLAGS.repeats))
+        if row["method"].startswith("auto"):
+            row = dict(row, chosen=copies[0]().path)  # what auto picked for this job
         rows.append(dict(row, seconds=best, submit_seconds=host))
         if kib not in FLAGS.interference_kib or row["method"] not in FLAGS.interference_methods:
             return
@@ -341,11 +353,31 @@ def print_table(all_rows):
                   f"{r['gb_per_s']:6.1f} {r['gb_per_s_beside']:6.1f} GB/s ({r['ratio_beside_to_bulk']:4.0%})"
                   f"  slowdown {r['step_slowdown']:+.1%} over {r['steps_in_window']} steps"
                   f" (idle loop drift {r['idle_drift']:+.1%})")
+    if beside:
+        print_frontier(beside)
     submit = [r for r in rows if "submit_us_per_copy" in r and r["method"] != "bulk"]
     if submit:
         print("host time inside the call, us per copy: " + ", ".join(
             f"{r['method']} {r['direction']} {r['block_bytes'] >> 10}K {r['submit_us_per_copy']:.2f}"
             for r in submit))
+
+
+def print_frontier(beside):
+    """Per compute loop, direction and block size: every method by step slowdown, '*' on
+    the frontier (nothing else both faster beside the loop and gentler to it), and what
+    auto chose."""
+    print("frontier beside compute: GB/s beside against step slowdown ('*': not beaten on both)")
+    for key in dict.fromkeys((r["workload"], r["direction"], r["block_bytes"]) for r in beside):
+        points = sorted((r for r in beside if (r["workload"], r["direction"], r["block_bytes"]) == key),
+                        key=lambda r: r["step_slowdown"])
+        cells = []
+        for r in points:
+            beaten = any(o["gb_per_s_beside"] > r["gb_per_s_beside"] and o["step_slowdown"] < r["step_slowdown"]
+                         for o in points)
+            chosen = f" ({r['chosen']})" if "chosen" in r else ""
+            cells.append(f"{'' if beaten else '*'}{r['method']}{chosen} {r['gb_per_s_beside']:.1f} GB/s "
+                         f"{r['step_slowdown']:+.1%}")
+        print(f"  {key[0]:<6}{key[1]:<5}{key[2] >> 10:>6} KiB: " + ", ".join(cells))
 
 
 def main(argv):
@@ -366,7 +398,7 @@ def main(argv):
                       staged_ctas=FLAGS.staged_ctas, slot_mib=FLAGS.slot_mib, slots=FLAGS.slots,
                       page_ctas=FLAGS.page_ctas, page_slot_mib=FLAGS.page_slot_mib,
                       page_slots=FLAGS.page_slots, passes=FLAGS.passes,
-                      interference=FLAGS.interference)
+                      interference=FLAGS.interference, ctas=FLAGS.ctas)
         with open(out, "w") as f:
             json.dump(dict(date=datetime.date.today().isoformat(), machine=machine, config=config,
                            rows=rows), f, indent=1)
