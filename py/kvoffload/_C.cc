@@ -5,7 +5,6 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -25,6 +24,7 @@
 #include "cc/first_touch.h"
 #include "cc/host_copy.h"
 #include "cc/host_memory.h"
+#include "cc/key_tables.h"
 #include "cc/memory_map.h"  // through //cc:copy_kernel
 #include "cc/page_copy.h"
 #include "cc/page_table.h"
@@ -694,47 +694,30 @@ NB_MODULE(_C, m) {
           "Copies of (block_ids, chunk_ids, group_sizes, block_indices).");
   m.attr("PAGE_UNIT_BYTES") = kPageUnitBytes;
 
-  // Job-number tables (kvoffload.lane_accesses): one pass each, no temporaries.
+  // Job-number tables (kvoffload.lane_accesses).
   using Table = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
   using Keys = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-  auto require_in = [](const Keys& keys, size_t size) {
-    const int64_t* k = keys.data();
-    uint64_t largest = 0;  // negative keys become huge
-    for (size_t i = 0; i < keys.shape(0); ++i) largest = std::max(largest, static_cast<uint64_t>(k[i]));
-    if (keys.shape(0) == 0 || largest < size) return;
-    size_t i = 0;
-    while (static_cast<uint64_t>(k[i]) < size) ++i;
-    throw nb::index_error(("keys[" + std::to_string(i) + "] = " + std::to_string(k[i]) +
-                           " is outside the table of " + std::to_string(size))
-                              .c_str());
+  auto keyed = [](Table& table, const Keys& keys) {
+    return KeyedTable{table.data(), static_cast<int64_t>(table.shape(0)), keys.data(),
+                      static_cast<int64_t>(keys.shape(0))};
   };
   m.def(
       "tables_fill",
-      [require_in](Table a, Keys a_keys, Table b, Keys b_keys, int64_t value) {
-        require_in(a_keys, a.shape(0));
-        require_in(b_keys, b.shape(0));
-        for (auto [table, keys] : {std::pair(&a, &a_keys), std::pair(&b, &b_keys)}) {
-          int64_t* t = table->data();
-          const int64_t* k = keys->data();
-          for (size_t i = 0; i < keys->shape(0); ++i) t[k[i]] = value;
-        }
+      [keyed](Table a, Keys a_keys, Table b, Keys b_keys, int64_t value) {
+        nb::gil_scoped_release release;
+        FillTables(keyed(a, a_keys), keyed(b, b_keys), value);
       },
       nb::arg("a").noconvert(), nb::arg("a_keys").noconvert(), nb::arg("b").noconvert(),
       nb::arg("b_keys").noconvert(), nb::arg("value"),
       "a[a_keys] = value; b[b_keys] = value: both or, on bad keys, neither.");
   m.def(
       "table_since",
-      [require_in](Table table, Keys keys, int64_t since) {
-        require_in(keys, table.shape(0));
-        const int64_t* t = table.data();
-        const int64_t* k = keys.data();
+      [keyed](Table table, Keys keys, int64_t since) {
         std::vector<int64_t> found;
-        for (size_t i = 0; i < keys.shape(0); ++i) {
-          const int64_t v = t[k[i]];
-          if (v >= since && (found.empty() || found.back() != v)) found.push_back(v);
+        {
+          nb::gil_scoped_release release;
+          found = ValuesSince(keyed(table, keys), since);
         }
-        std::sort(found.begin(), found.end());
-        found.erase(std::unique(found.begin(), found.end()), found.end());
         return ToNumpy(std::move(found));
       },
       nb::arg("table").noconvert(), nb::arg("keys").noconvert(), nb::arg("since"),
