@@ -16,7 +16,9 @@ import datetime
 import functools
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -153,7 +155,8 @@ def back_to_back(torch, stream, copies, passes):
     return start.elapsed_time(end) / 1e3
 
 
-def measure_gpu(rng):
+def measure_gpu(rng, rows, machine):
+    """Appends every measured row to ``rows`` as it is measured."""
     import torch
 
     pool = int(FLAGS.pool_gib * (1 << 30))
@@ -165,7 +168,8 @@ def measure_gpu(rng):
     streams = {"h2d": torch.cuda.Stream(), "d2h": torch.cuda.Stream()}
     ends = {"h2d": ("host", "device"), "d2h": ("device", "host")}
     loops = {w: compute_loop.ComputeLoop(torch, w) for w in FLAGS.interference}
-    rows = []
+    for workload, loop in loops.items():
+        machine[f"{workload}_step_seconds"] = loop.step_seconds
 
     def bulk(direction, stream):
         src, dst = (pools[e].data_ptr() for e in ends[direction])
@@ -233,12 +237,13 @@ def measure_gpu(rng):
                 seconds = min(both_at_once(torch, streams, copies) for _ in range(FLAGS.repeats))
                 rows.append(dict(method=method, direction="both", block_bytes=block,
                                  seconds=seconds * moved / (half * block)))
-    machine = dict(device=torch.cuda.get_device_name(), driver=driver_version(),
-                   torch=torch.__version__, cuda_runtime=torch.version.cuda,
-                   batch_entry_point=kv.batch_entry_point_version())
-    for workload, loop in loops.items():
-        machine[f"{workload}_step_seconds"] = loop.step_seconds
-    return rows, machine
+
+
+def gpu_machine():
+    import torch
+
+    return dict(device=torch.cuda.get_device_name(), driver=driver_version(), torch=torch.__version__,
+                cuda_runtime=torch.version.cuda, batch_entry_point=kv.batch_entry_point_version())
 
 
 def both_at_once(torch, streams, copies):
@@ -256,12 +261,11 @@ def both_at_once(torch, streams, copies):
     return max(start.elapsed_time(end) for end in ends) / 1e3
 
 
-def measure_host(rng):
+def measure_host(rng, rows, machine):
     pool = min(int(FLAGS.pool_gib * (1 << 30)), 512 << 20)
     moved = min(FLAGS.moved_mib << 20, pool // 2)
     src = np.ones(pool, dtype=np.uint8)
     dst = np.zeros(pool, dtype=np.uint8)
-    rows = []
 
     def timed(*args):
         best = float("inf")
@@ -281,7 +285,11 @@ def measure_host(rng):
         d = scattered_offsets(rng, count, block, pool) + base_d
         rows.append(dict(method="host_copy", direction="h2h", block_bytes=block,
                          seconds=timed(s, d, np.full(count, block, dtype=np.int64))))
-    return rows, dict(device="none (host path)", moved_bytes=moved, pool_bytes=pool)
+
+
+def host_machine():
+    pool = min(int(FLAGS.pool_gib * (1 << 30)), 512 << 20)
+    return dict(device="none (host path)", moved_bytes=min(FLAGS.moved_mib << 20, pool // 2), pool_bytes=pool)
 
 
 def driver_version():
@@ -386,7 +394,16 @@ def main(argv):
     gpu = has_gpu()
     if not gpu:
         print("no GPU: measuring the host path (memcpy), not the PCIe link")
-    rows, machine = measure_gpu(rng) if gpu else measure_host(rng)
+    machine = gpu_machine() if gpu else host_machine()
+    rows = []
+    # A run cut short (SIGTERM, Ctrl-C) still reports and writes what it measured.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        (measure_gpu if gpu else measure_host)(rng, rows, machine)
+        complete = True
+    except (KeyboardInterrupt, SystemExit):
+        complete = False
+        print(f"interrupted: reporting the {len(rows)} rows measured so far")
     add_rates(rows)
     print_table(rows)
     if FLAGS.out:
@@ -401,7 +418,7 @@ def main(argv):
                       interference=FLAGS.interference, ctas=FLAGS.ctas)
         with open(out, "w") as f:
             json.dump(dict(date=datetime.date.today().isoformat(), machine=machine, config=config,
-                           rows=rows), f, indent=1)
+                           complete=complete, rows=rows), f, indent=1)
         print(f"wrote {out}")
     if FLAGS.plot:
         plot(rows, machine, FLAGS.plot)

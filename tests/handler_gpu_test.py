@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import kvoffload as kv
-import kvoffload.auto
 from kvoffload import _C, copy_methods
 from kvoffload.handler import OffloadHandler
 from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
@@ -97,9 +96,10 @@ def test_a_soak_of_mixed_jobs_loses_nothing(method):
 def test_a_cuda_failure_mid_job_fails_that_job_only(monkeypatch, method):
     handler, model = make_handler(np.random.default_rng(6), [1024], [2], num_blocks=16, num_chunks=8,
                                   bpc=2, cpu_layout="chunk_major", device="cuda", method=method)
+    # The handler copies with its method object: the failing copy stands in for it.
     failing, arm = copy_half_then_fail(
-        kvoffload.auto.copy, kv.CudaError("cuMemcpyBatchAsync: CUDA_ERROR_LAUNCH_FAILED: injected"))
-    monkeypatch.setattr(kvoffload.auto, "copy", failing)
+        handler._method, kv.CudaError("cuMemcpyBatchAsync: CUDA_ERROR_LAUNCH_FAILED: injected"))
+    monkeypatch.setattr(handler, "_method", failing)
     a_failure_mid_job_fails_that_job_only(handler, model, arm)
     handler.shutdown()
 
