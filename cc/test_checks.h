@@ -33,15 +33,20 @@ bool Rejects(F f, const std::string& needle) {
   return false;
 }
 
-// The message of the std::invalid_argument f throws, or "(no exception)".
-template <typename F>
-std::string InvalidArgument(F f) {
+// The message of the E that f throws, or "(no exception)".
+template <typename E, typename F>
+std::string MessageOf(F f) {
   try {
     f();
-  } catch (const std::invalid_argument& e) {
+  } catch (const E& e) {
     return e.what();
   }
   return "(no exception)";
+}
+
+template <typename F>
+std::string InvalidArgument(F f) {
+  return MessageOf<std::invalid_argument>(f);
 }
 
 // main's exit status: 0 when no check failed.
