@@ -52,11 +52,13 @@ void InSlices(int slices, int64_t length, const Work& work) {
 void RequireInside(const KeyedTable& t, int max_threads) {
   const int64_t i = FirstKeyOutside(t, max_threads);
   if (i < 0) return;
-  throw std::out_of_range("keys[" + std::to_string(i) + "] = " + std::to_string(t.keys[i]) +
+  throw std::out_of_range(std::string(t.name) + "[" + std::to_string(i) + "] = " + std::to_string(t.keys[i]) +
                           " is outside the table of " + std::to_string(t.size));
 }
 
-// t.values[k] = value for the keys k in [begin, end), clamped to the table.
+// t.values[k] = value for the keys k in [begin, end), clamped to the table. Keys are
+// checked again as they are read: the caller's arrays may change after RequireInside
+// (the GIL is released, and a table may be another call's keys).
 void FillRange(const KeyedTable& t, int64_t begin, int64_t end, int64_t value) {
   begin = std::max<int64_t>(begin, 0);
   end = std::min(end, t.size);
@@ -65,10 +67,6 @@ void FillRange(const KeyedTable& t, int64_t begin, int64_t end, int64_t value) {
   int64_t* values = t.values;
   const int64_t* keys = t.keys;
   const int64_t count = t.count;
-  if (begin == 0 && end == t.size) {
-    for (int64_t i = 0; i < count; ++i) values[keys[i]] = value;
-    return;
-  }
   int64_t elsewhere;  // where keys outside the range are written: no branch to mispredict
   const uint64_t width = end - begin;
   for (int64_t i = 0; i < count; ++i) {
@@ -90,7 +88,9 @@ std::vector<int64_t> DistinctSince(const KeyedTable& t, int64_t begin, int64_t e
   for (size_t i = 0; i < seen.size(); ++i) seen[i] = static_cast<int64_t>(i) + 1;
   std::vector<int64_t> found;
   for (int64_t i = begin; i < end; ++i) {
-    const int64_t v = t.values[t.keys[i]];
+    const int64_t k = t.keys[i];
+    if (static_cast<uint64_t>(k) >= static_cast<uint64_t>(t.size)) continue;  // as in FillRange
+    const int64_t v = t.values[k];
     int64_t& slot = seen[static_cast<uint64_t>(v) % seen.size()];
     if (v < since || slot == v) continue;
     slot = v;

@@ -18,6 +18,7 @@ struct KeyedTable {
   int64_t size = 0;
   const int64_t* keys = nullptr;
   int64_t count = 0;
+  const char* name = "keys";  // in errors
 };
 
 // The index of the first key outside [0, t.size), or -1 when there is none.

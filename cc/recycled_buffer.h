@@ -9,12 +9,14 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <utility>
 #include <vector>
 
 namespace kvoffload {
 
-// Freed arrays, kept up to kKeptBytes; taking one picks the smallest that is large enough.
+// Freed arrays, kept up to kKeptBytes; taking one picks the smallest that is large enough
+// and at most twice the size asked for (a small array must not hold a large one).
 class BufferRecycler {
  public:
   static constexpr size_t kMinBytes = size_t{64} << 10;  // smaller ones: malloc reuses them
@@ -31,7 +33,8 @@ class BufferRecycler {
       std::lock_guard<std::mutex> lock(mu_);
       size_t best = free_.size();
       for (size_t i = 0; i < free_.size(); ++i) {
-        if (free_[i].second >= size && (best == free_.size() || free_[i].second < free_[best].second)) {
+        const bool fits = free_[i].second >= size && free_[i].second <= 2 * size;
+        if (fits && (best == free_.size() || free_[i].second < free_[best].second)) {
           best = i;
         }
       }
@@ -45,7 +48,8 @@ class BufferRecycler {
     return {std::unique_ptr<int64_t[]>(new int64_t[size == 0 ? 1 : size]), size};
   }
 
-  void Give(std::unique_ptr<int64_t[]> data, size_t capacity) {
+  // Runs in destructors: never throws (an array it cannot keep is freed).
+  void Give(std::unique_ptr<int64_t[]> data, size_t capacity) noexcept {
     const size_t bytes = capacity * sizeof(int64_t);
     if (data == nullptr || bytes < kMinBytes || bytes > kKeptBytes) return;
     std::lock_guard<std::mutex> lock(mu_);
@@ -53,7 +57,11 @@ class BufferRecycler {
       kept_bytes_ -= free_.front().second * sizeof(int64_t);
       free_.erase(free_.begin());
     }
-    free_.emplace_back(std::move(data), capacity);
+    try {
+      free_.emplace_back(std::move(data), capacity);
+    } catch (const std::bad_alloc&) {
+      return;  // data, still ours unless moved in, is freed
+    }
     kept_bytes_ += bytes;
   }
 
@@ -78,8 +86,12 @@ class RecycledBuffer {
   RecycledBuffer(const int64_t* values, size_t size) : RecycledBuffer(size) {
     std::copy(values, values + size, data_.get());
   }
-  RecycledBuffer(RecycledBuffer&&) = default;
-  RecycledBuffer& operator=(RecycledBuffer&& other) {
+  RecycledBuffer(RecycledBuffer&& other) noexcept
+      : data_(std::move(other.data_)),
+        size_(std::exchange(other.size_, 0)),
+        capacity_(std::exchange(other.capacity_, 0)) {}
+  RecycledBuffer& operator=(RecycledBuffer&& other) noexcept {
+    if (this == &other) return *this;
     Release();
     data_ = std::move(other.data_);
     size_ = std::exchange(other.size_, 0);

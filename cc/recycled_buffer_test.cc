@@ -27,6 +27,29 @@ void ReusesFreedMemory() {
   EXPECT(c.data() != first);
 }
 
+void ASmallArrayNeverHoldsALargeOne() {
+  const int64_t* large;
+  {
+    RecycledBuffer a(64 * kBig);
+    large = a.data();
+  }
+  RecycledBuffer small(5 * kBig);  // larger than any other kept array; the 64x one is too large
+  EXPECT(small.data() != large);
+  RecycledBuffer half(32 * kBig);  // half its size: takes it
+  EXPECT(half.data() == large);
+}
+
+void MovedFromBuffersAreEmpty() {
+  RecycledBuffer a(3 * kBig);
+  const int64_t* data = a.data();
+  RecycledBuffer b(std::move(a));
+  EXPECT(b.data() == data && b.size() == 3 * kBig);
+  EXPECT(a.data() == nullptr && a.size() == 0);  // NOLINT(bugprone-use-after-move)
+  RecycledBuffer c;
+  c = std::move(b);
+  EXPECT(c.data() == data && b.data() == nullptr && b.size() == 0);  // NOLINT(bugprone-use-after-move)
+}
+
 void CopiesValues() {
   std::mt19937_64 rng(7);
   for (size_t size : {size_t{0}, size_t{3}, kBig, 3 * kBig + 1}) {
@@ -68,6 +91,8 @@ void KeepsNoMoreThanItsBound() {
 
 int main() {
   kvoffload::ReusesFreedMemory();
+  kvoffload::ASmallArrayNeverHoldsALargeOne();
+  kvoffload::MovedFromBuffersAreEmpty();
   kvoffload::CopiesValues();
   kvoffload::LiveBuffersNeverShareMemory();
   kvoffload::KeepsNoMoreThanItsBound();

@@ -697,15 +697,15 @@ NB_MODULE(_C, m) {
   // Job-number tables (kvoffload.lane_accesses).
   using Table = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
   using Keys = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-  auto keyed = [](Table& table, const Keys& keys) {
+  auto keyed = [](Table& table, const Keys& keys, const char* name) {
     return KeyedTable{table.data(), static_cast<int64_t>(table.shape(0)), keys.data(),
-                      static_cast<int64_t>(keys.shape(0))};
+                      static_cast<int64_t>(keys.shape(0)), name};
   };
   m.def(
       "tables_fill",
       [keyed](Table a, Keys a_keys, Table b, Keys b_keys, int64_t value) {
         nb::gil_scoped_release release;
-        FillTables(keyed(a, a_keys), keyed(b, b_keys), value);
+        FillTables(keyed(a, a_keys, "a_keys"), keyed(b, b_keys, "b_keys"), value);
       },
       nb::arg("a").noconvert(), nb::arg("a_keys").noconvert(), nb::arg("b").noconvert(),
       nb::arg("b_keys").noconvert(), nb::arg("value"),
@@ -716,7 +716,7 @@ NB_MODULE(_C, m) {
         std::vector<int64_t> found;
         {
           nb::gil_scoped_release release;
-          found = ValuesSince(keyed(table, keys), since);
+          found = ValuesSince(keyed(table, keys, "keys"), since);
         }
         return ToNumpy(std::move(found));
       },
