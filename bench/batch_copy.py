@@ -181,6 +181,7 @@ def measure_gpu(rng, rows, machine):
                          for _ in range(FLAGS.repeats))
         if row["method"].startswith("auto"):
             row = dict(row, chosen=copies[0]().path)  # what auto picked for this job
+            torch.cuda.synchronize()  # done before any loop's idle baseline starts
         rows.append(dict(row, seconds=best, submit_seconds=host))
         if kib not in FLAGS.interference_kib or row["method"] not in FLAGS.interference_methods:
             return
@@ -416,10 +417,13 @@ def main(argv):
                       page_ctas=FLAGS.page_ctas, page_slot_mib=FLAGS.page_slot_mib,
                       page_slots=FLAGS.page_slots, passes=FLAGS.passes,
                       interference=FLAGS.interference, ctas=FLAGS.ctas)
-        with open(out, "w") as f:
+        with open(out + ".partial", "w") as f:  # a second signal leaves the last file whole
             json.dump(dict(date=datetime.date.today().isoformat(), machine=machine, config=config,
                            complete=complete, rows=rows), f, indent=1)
+        os.replace(out + ".partial", out)
         print(f"wrote {out}")
+    if not complete:
+        sys.exit(143)
     if FLAGS.plot:
         plot(rows, machine, FLAGS.plot)
 

@@ -12,11 +12,19 @@ from kvoffload.copy_methods import Batch, Kernel, PerCopy, Staged, copy_method
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Replaces the copy calls with recorders: (function name, args, kwargs) per call."""
+    """Replaces the copy calls with recorders: (function name, args, kwargs) per call that
+    copies something (a method made checks its options with an empty one)."""
     seen = []
+
+    def recorder(name):
+        def record(*args, **kwargs):
+            if len(args[2]):
+                seen.append((name, args, kwargs))
+            return name
+        return record
+
     for name in ("batch_copy", "kernel_copy", "staged_copy"):
-        monkeypatch.setattr(copy_methods, name,
-                            lambda *args, _name=name, **kwargs: seen.append((_name, args, kwargs)) or _name)
+        monkeypatch.setattr(copy_methods, name, recorder(name))
     return seen
 
 
@@ -57,3 +65,14 @@ def test_names_resolve_to_the_defaults_and_auto_runs_a_given_object(calls):
 def test_an_unknown_method_is_refused_naming_the_argument(bad):
     with pytest.raises(ValueError, match=r"method: expected one of \('per_copy', 'batch', 'kernel', 'staged'\)"):
         copy_method(bad)
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: Kernel(max_ctas=0), r"max_ctas: must be >= 1, got 0"),
+    (lambda: Staged(slots=1), r"slots: must be >= 2, got 1"),
+    (lambda: Staged(slot_bytes=1000), r"slot_bytes: must be a multiple of 256 and >= 4096, got 1000"),
+    (lambda: Staged(max_ctas=-2), r"max_ctas: must be >= 1, got -2"),
+])
+def test_bad_options_are_refused_when_the_method_is_made(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()

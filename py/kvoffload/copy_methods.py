@@ -10,9 +10,16 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Union
 
+import numpy as np
+
 from kvoffload.batch_copy import (KERNEL_CTAS, STAGED_SLOT_BYTES, STAGED_SLOTS, CopyResult, SrcAccessOrder,
                                   batch_copy, kernel_copy, staged_copy)
+from kvoffload.registry import UNCHECKED
 from kvoffload.vocabulary import Direction
+
+# A method checks its options when made by copying this empty batch: the copy's own
+# checks run, in C++, before any CUDA call.
+_NOTHING = np.zeros(0, dtype=np.int64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +51,9 @@ class Kernel:
     name: ClassVar[str] = "kernel"
     max_ctas: int = KERNEL_CTAS
 
+    def __post_init__(self):
+        self(_NOTHING, _NOTHING, _NOTHING, direction=Direction.LOAD, registry=UNCHECKED)
+
     def __call__(self, src, dst, sizes, stream=None, *, direction: Direction | str,
                  order=SrcAccessOrder.STREAM, registry) -> CopyResult:
         return kernel_copy(src, dst, sizes, stream, self.max_ctas, registry=registry)
@@ -58,6 +68,9 @@ class Staged:
     slot_bytes: int = STAGED_SLOT_BYTES
     slots: int = STAGED_SLOTS
     max_ctas: int = KERNEL_CTAS
+
+    def __post_init__(self):
+        self(_NOTHING, _NOTHING, _NOTHING, direction=Direction.LOAD, registry=UNCHECKED)
 
     def __call__(self, src, dst, sizes, stream=None, *, direction: Direction | str,
                  order=SrcAccessOrder.STREAM, registry) -> CopyResult:
