@@ -264,10 +264,16 @@ CopyResult PyHostCopy(nb::handle src, nb::handle dst, nb::handle sizes, int thre
 
 using Int64Vector = nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>;
 
+// A numpy array that owns `values` (a std::vector<int64_t> or a RecycledBuffer).
+template <typename Owned>
+Int64Vector ToNumpy(Owned values) {
+  auto* owned = new Owned(std::move(values));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<Owned*>(p); });
+  return Int64Vector(owned->data(), {owned->size()}, owner);
+}
+
 Int64Vector Snapshot(const Int64Array& array) {
-  auto* copy = new RecycledBuffer(array.data(), array.size());
-  nb::capsule owner(copy, [](void* p) noexcept { delete static_cast<RecycledBuffer*>(p); });
-  return Int64Vector(copy->data(), {copy->size()}, owner);
+  return ToNumpy(RecycledBuffer(array.data(), array.size()));
 }
 
 // The one normaliser of an int64 array argument: a validated copy, read once.
@@ -409,18 +415,6 @@ struct JobIds {
   RecycledBuffer blocks, chunks;
   std::vector<int64_t> sizes, firsts;
 };
-
-nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> ToNumpy(std::vector<int64_t> values) {
-  auto* owned = new std::vector<int64_t>(std::move(values));
-  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
-  return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(owned->data(), {owned->size()}, owner);
-}
-
-nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> ToNumpy(RecycledBuffer values) {
-  auto* owned = new RecycledBuffer(std::move(values));
-  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<RecycledBuffer*>(p); });
-  return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(owned->data(), {owned->size()}, owner);
-}
 
 // A job's ids as PageTable.prepare copied and checked them: its keys and its copy read
 // this one snapshot, whatever the caller does to its arrays afterwards. Immutable.
