@@ -72,7 +72,17 @@ def test_an_unknown_method_is_refused_naming_the_argument(bad):
     (lambda: Staged(slots=1), r"slots: must be >= 2, got 1"),
     (lambda: Staged(slot_bytes=1000), r"slot_bytes: must be a multiple of 256 and >= 4096, got 1000"),
     (lambda: Staged(max_ctas=-2), r"max_ctas: must be >= 1, got -2"),
+    (lambda: Kernel(max_ctas=1 << 40), r"max_ctas: 1099511627776 does not fit in 32 bits"),
+    (lambda: Staged(slots=-(1 << 31) - 1), r"slots: -2147483649 does not fit in 32 bits"),
+    (lambda: Staged(slot_bytes=1 << 63), r"slot_bytes: 9223372036854775808 does not fit in 64 bits"),
 ])
 def test_bad_options_are_refused_when_the_method_is_made(make, message):
     with pytest.raises(ValueError, match=message):
+        make()
+
+
+@pytest.mark.parametrize("make", [lambda: Kernel(max_ctas="8"), lambda: Kernel(max_ctas=True),
+                                  lambda: Staged(slots=2.0), lambda: Staged(slot_bytes=None)])
+def test_options_that_are_not_ints_are_a_type_error_naming_them(make):
+    with pytest.raises(TypeError, match=r"^(max_ctas|slots|slot_bytes): expected an int, got"):
         make()

@@ -17,9 +17,24 @@ from kvoffload.batch_copy import (KERNEL_CTAS, STAGED_SLOT_BYTES, STAGED_SLOTS, 
 from kvoffload.registry import UNCHECKED
 from kvoffload.vocabulary import Direction
 
-# A method checks its options when made by copying this empty batch: the copy's own
-# checks run, in C++, before any CUDA call.
 _NOTHING = np.zeros(0, dtype=np.int64)
+
+
+def _option(default: int, bits: int = 32):
+    """A field that must be an int its C++ parameter (of ``bits`` bits) holds."""
+    return dataclasses.field(default=default, metadata={"bits": bits})
+
+
+def _check_options(method) -> None:
+    """Each option is an int of its C++ width, then the copy's own checks run (in C++,
+    before any CUDA call) on an empty batch."""
+    for field in dataclasses.fields(method):
+        value, limit = getattr(method, field.name), 1 << (field.metadata["bits"] - 1)
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+            raise TypeError(f"{field.name}: expected an int, got {type(value).__name__}")
+        if not -limit <= value < limit:
+            raise ValueError(f"{field.name}: {value} does not fit in {field.metadata['bits']} bits")
+    method(_NOTHING, _NOTHING, _NOTHING, direction=Direction.LOAD, registry=UNCHECKED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,10 +64,10 @@ class Kernel:
     """The SM copy kernel on at most ``max_ctas`` CTAs."""
 
     name: ClassVar[str] = "kernel"
-    max_ctas: int = KERNEL_CTAS
+    max_ctas: int = _option(KERNEL_CTAS)
 
     def __post_init__(self):
-        self(_NOTHING, _NOTHING, _NOTHING, direction=Direction.LOAD, registry=UNCHECKED)
+        _check_options(self)
 
     def __call__(self, src, dst, sizes, stream=None, *, direction: Direction | str,
                  order=SrcAccessOrder.STREAM, registry) -> CopyResult:
@@ -65,12 +80,12 @@ class Staged:
     gather or scatter kernel of at most ``max_ctas`` CTAs."""
 
     name: ClassVar[str] = "staged"
-    slot_bytes: int = STAGED_SLOT_BYTES
-    slots: int = STAGED_SLOTS
-    max_ctas: int = KERNEL_CTAS
+    slot_bytes: int = _option(STAGED_SLOT_BYTES, bits=64)
+    slots: int = _option(STAGED_SLOTS)
+    max_ctas: int = _option(KERNEL_CTAS)
 
     def __post_init__(self):
-        self(_NOTHING, _NOTHING, _NOTHING, direction=Direction.LOAD, registry=UNCHECKED)
+        _check_options(self)
 
     def __call__(self, src, dst, sizes, stream=None, *, direction: Direction | str,
                  order=SrcAccessOrder.STREAM, registry) -> CopyResult:
