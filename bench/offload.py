@@ -36,7 +36,8 @@ flags.DEFINE_integer("gpu_blocks", 2048, "GPU blocks per tensor.")
 flags.DEFINE_integer("blocks_per_chunk", 16, "Blocks per CPU chunk.")
 flags.DEFINE_integer("moved_mib", 4096, "Bytes moved per measurement and direction, MiB.")
 flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the workspace).")
-flags.DEFINE_list("methods", ["auto", "batch"], "Handler copy methods to compare (kvoffload.auto).")
+flags.DEFINE_list("methods", ["auto", "batch"], "Handler copy methods to compare (kvoffload.auto); "
+                  "pages_ctasN and pages_kernel_ctasN are those methods with page_ctas=N.")
 flags.DEFINE_bool("concurrent", False, "Also run stores and loads at once.")
 flags.DEFINE_list("devices", [], "GPUs to run one handler each on, at once (e.g. 0,1).")
 flags.DEFINE_list("interference", [], "Compute loops (model, gemm; kvoffload.compute_loop) beside "
@@ -66,6 +67,12 @@ def job_specs(rng, groups, n, blocks, chunks, bpc, half=None):
     ids = np.concatenate([block_base + rng.permutation(blocks)[:n] for _ in range(groups)])
     chunk_ids = np.concatenate([chunk_base + rng.permutation(chunks)[:used] for _ in range(groups)])
     return GPUSpec(ids, [n] * groups, [first] * groups), CPUSpec(chunk_ids)
+
+
+def make_handler(cache, chunks, bpc, method):
+    """An OffloadHandler for a --methods entry."""
+    base, _, ctas = method.partition("_ctas")
+    return OffloadHandler(cache, chunks, bpc, method=base, **(dict(page_ctas=int(ctas)) if ctas else {}))
 
 
 def submit(handler, specs, direction, first_id=0):
@@ -167,7 +174,7 @@ def submit_cost_row(torch, rng, bpc, method):
     2^18 blocks, chunks of bpc blocks at random), median of 5."""
     blocks = 1 << 18
     cache = [[torch.empty((blocks, 4096), dtype=torch.uint8, device="cuda")]]
-    handler = OffloadHandler(cache, blocks // bpc, bpc, method=method)
+    handler = make_handler(cache, blocks // bpc, bpc, method)
     times = []
     for i in range(6):
         spec = (GPUSpec(rng.permutation(blocks), [blocks], [0]), CPUSpec(rng.permutation(blocks // bpc)))
@@ -241,7 +248,7 @@ def main(argv):
         for method, n in itertools.product(FLAGS.methods if gpu else ["host"],
                                            sorted({min(int(b), blocks // 2) for b in FLAGS.job_blocks})):
             handler = handlers.get(method) or handlers.setdefault(
-                method, OffloadHandler(cache, chunks, bpc, method=method if gpu else "auto"))
+                method, make_handler(cache, chunks, bpc, method if gpu else "auto"))
             jobs = max(2, moved // (n * block_bytes))
             specs = [job_specs(rng, len(shape), n, blocks, chunks, bpc) for _ in range(jobs)]
             for direction in ("store", "load"):
