@@ -10,7 +10,9 @@ to random CPU chunks of the handler's chunk-major pool and back. Without a GPU i
 the host path on a small cache and says so.
 
 --concurrent also runs stores and loads at once (disjoint blocks and chunks), against
-two bulk copies at once, one each way. --devices=0,1 runs one handler per GPU, both at
+two bulk copies at once, one each way. --interference=model also runs back-to-back bulk
+copies beside the loop: the slowdown that moving bytes at the link's rate costs it, the
+floor for every method. --devices=0,1 runs one handler per GPU, both at
 once, against bulk copies on both GPUs at once.
 """
 
@@ -142,6 +144,21 @@ def bulk_seconds(torch, nbytes):
             "store": concurrent_bulk_seconds(torch, [(dev, host, stream)])}
 
 
+def bulk_beside(torch, loop, direction, moved, alone_seconds_per_gib):
+    """Back-to-back bulk copies of 1 GiB, ``moved`` bytes in all, while ``loop`` runs:
+    what moving bytes at the link's rate costs the loop, whatever the method."""
+    host, dev, stream = bulk_pair(torch, 1 << 30)
+    src, dst = (host, dev) if direction == "load" else (dev, host)
+    count = max(1, moved >> 30)
+
+    def enqueue():
+        for _ in range(count):
+            kv.batch_copy([src.data_ptr()], [dst.data_ptr()], [1 << 30], stream, per_copy=True,
+                          registry=kv.UNCHECKED)
+
+    return loop.beside(stream, enqueue, count << 30, count * alone_seconds_per_gib)
+
+
 def report(cache, method, direction, n, jobs, nbytes, wall, bulk_seconds_per_gib, **extra):
     """Prints and returns a result row; the ratio is to the bulk copy's rate."""
     row = dict(cache=cache, method=method, direction=direction, blocks_per_job=n, jobs=jobs,
@@ -160,8 +177,8 @@ def beside(torch, loop, handler, specs, direction, nbytes, alone_seconds):
     their window (it waits for them through handler.fence)."""
     submitted = []
 
-    def enqueue():
-        submitted[:] = submit(handler, specs, direction, first_id=len(specs))
+    def enqueue():  # again, with fresh job ids, when the loop did not outlast the jobs
+        submitted.extend(submit(handler, specs, direction, first_id=len(specs) + len(submitted)))
         handler.fence()
 
     got = loop.beside(torch.cuda.current_stream(), enqueue, nbytes, alone_seconds)
@@ -239,6 +256,16 @@ def main(argv):
               f"{(1 << 30) / bulk['both'] / 1e9:.1f} GB/s together")
     rows = []
     loops = {w: compute_loop.ComputeLoop(torch, w) for w in FLAGS.interference} if gpu else {}
+    for (workload, loop), direction in itertools.product(loops.items(), ("store", "load")):
+        got = bulk_beside(torch, loop, direction, moved, bulk[direction])
+        if got is None:
+            continue
+        rows.append(dict(cache="bulk", method="bulk", direction=direction, block_bytes=1 << 30,
+                         gb_per_s=(1 << 30) / bulk[direction] / 1e9, ratio_to_bulk=1.0, workload=workload,
+                         gb_per_s_beside=got.gb_per_s, step_slowdown=got.step_slowdown,
+                         idle_drift=got.idle_drift, steps_in_window=got.steps_in_window))
+        print(f"bulk {direction} beside {workload}: {got.gb_per_s:6.1f} GB/s, step slowdown "
+              f"{got.step_slowdown:+.1%} over {got.steps_in_window} steps (the floor for any method)")
     for name, shape in CACHES.items():
         cache = make_cache(torch, shape, blocks, "cuda" if gpu else "cpu")
         handlers = {}
