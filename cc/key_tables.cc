@@ -2,52 +2,23 @@
 
 #include <algorithm>
 #include <array>
-#include <exception>
 #include <stdexcept>
 #include <string>
-#include <thread>
+
+#include "cc/worker_pool.h"
 
 namespace kvoffload {
 namespace {
 
-constexpr int kMaxThreads = 4;
-
-// Slices of work over `keys` keys: 1 below kThreadedKeys, else one per half of it, up to
-// max_threads.
-int Slices(int64_t keys, int max_threads) {
-  if (max_threads <= 0) max_threads = static_cast<int>(std::thread::hardware_concurrency());
-  max_threads = std::clamp(max_threads, 1, kMaxThreads);
-  if (keys < kThreadedKeys) return 1;
-  return static_cast<int>(std::min<int64_t>(max_threads, 2 * keys / kThreadedKeys));
-}
-
-// Runs work(s, begin, end) on each of `slices` slices s of [0, length): slice 0 on the
-// calling thread, the others on threads of their own, or also on the calling thread
-// when one cannot be started. Then rethrows the first slice's exception, if any.
+// Runs work(s, begin, end) on each of `slices` slices s of [0, length).
 template <typename Work>
 void InSlices(int slices, int64_t length, const Work& work) {
-  std::array<std::exception_ptr, kMaxThreads> errors;
-  auto run = [&](int s) {
-    try {
-      work(s, length / slices * s, s + 1 == slices ? length : length / slices * (s + 1));
-    } catch (...) {
-      errors[s] = std::current_exception();
-    }
-  };
-  std::vector<std::thread> threads;
-  threads.reserve(slices);
-  int started = 1;
-  try {
-    for (; started < slices; ++started) threads.emplace_back(run, started);
-  } catch (const std::exception&) {  // std::system_error, std::bad_alloc
-  }
-  for (int s = started; s < slices; ++s) run(s);
-  run(0);
-  for (std::thread& thread : threads) thread.join();
-  for (const std::exception_ptr& error : errors) {
-    if (error) std::rethrow_exception(error);
-  }
+  RunSlices(slices, [&](int s) {
+    work(s, length / slices * s, s + 1 == slices ? length : length / slices * (s + 1));
+  });
 }
+
+int Slices(int64_t keys, int max_threads) { return SlicesFor(keys, kThreadedKeys, max_threads); }
 
 void RequireInside(const KeyedTable& t, int max_threads) {
   const int64_t i = FirstKeyOutside(t, max_threads);
@@ -103,7 +74,7 @@ std::vector<int64_t> DistinctSince(const KeyedTable& t, int64_t begin, int64_t e
 }  // namespace
 
 int64_t FirstKeyOutside(const KeyedTable& t, int max_threads) {
-  std::array<int64_t, kMaxThreads> first;
+  std::array<int64_t, kMaxSlices> first;
   first.fill(-1);
   InSlices(Slices(t.count, max_threads), t.count, [&](int s, int64_t begin, int64_t end) {
     int64_t i = begin;
@@ -130,11 +101,11 @@ void FillTables(const KeyedTable& a, const KeyedTable& b, int64_t value, int max
 
 std::vector<int64_t> ValuesSince(const KeyedTable& t, int64_t since, int max_threads) {
   RequireInside(t, max_threads);
-  std::array<std::vector<int64_t>, kMaxThreads> found;
+  std::array<std::vector<int64_t>, kMaxSlices> found;
   InSlices(Slices(t.count, max_threads), t.count, [&](int s, int64_t begin, int64_t end) {
     found[s] = DistinctSince(t, begin, end, since);
   });
-  for (int s = 1; s < kMaxThreads; ++s) {
+  for (int s = 1; s < kMaxSlices; ++s) {
     found[0].insert(found[0].end(), found[s].begin(), found[s].end());
   }
   SortUnique(found[0]);

@@ -1,11 +1,14 @@
 #include "cc/page_table.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "cc/worker_pool.h"
 
 namespace kvoffload {
 namespace {
@@ -24,6 +27,9 @@ int64_t ExtentEnd(int64_t base, int64_t stride, int64_t span, int64_t count) {
   }
   return end;
 }
+
+// Below this many ids (or keys), one thread checks (or numbers) them.
+constexpr int64_t kThreadedIds = int64_t{1} << 16;
 
 // Ids in [0, limit), each at most once. seen: scratch bits, all clear on entry and exit.
 void CheckIds(const char* name, const int64_t* ids, int64_t count, int64_t offset, int64_t limit,
@@ -51,6 +57,71 @@ void CheckIds(const char* name, const int64_t* ids, int64_t count, int64_t offse
     Reject("group " + Str(group) + ": " + at + " is out of range [0, " + Str(limit) + ")");
   }
   Reject("group " + Str(group) + ": " + at + " appears twice");
+}
+
+// Whether the ids are in [0, limit), each at most once, on several threads: each marks
+// its share of the ids in bits of its own, then checks and clears a range of every
+// slice's bits (an id that two slices marked appears twice). seen: as for CheckIds.
+bool IdsAreValid(const int64_t* ids, int64_t count, int64_t limit, std::vector<uint64_t>& seen) {
+  const int slices = SlicesFor(count, kThreadedIds);
+  const int64_t words = limit / 64 + 1;
+  if (static_cast<int64_t>(seen.size()) < slices * words) seen.resize(slices * words, 0);
+  std::array<bool, kMaxSlices> valid;
+  valid.fill(true);
+  auto share = [&](int s, int64_t total) {
+    return std::pair<int64_t, int64_t>(total / slices * s,
+                                       s + 1 == slices ? total : total / slices * (s + 1));
+  };
+  RunSlices(slices, [&](int s) {
+    uint64_t* mine = seen.data() + s * words;
+    const auto [begin, end] = share(s, count);
+    for (int64_t i = begin; i < end; ++i) {
+      const uint64_t id = static_cast<uint64_t>(ids[i]);  // negative ids become huge
+      const uint64_t bit = uint64_t{1} << (id & 63);
+      if (id >= static_cast<uint64_t>(limit) || (mine[id >> 6] & bit)) {
+        valid[s] = false;
+        break;
+      }
+      mine[id >> 6] |= bit;
+    }
+  });
+  RunSlices(slices, [&](int s) {
+    const auto [begin, end] = share(s, words);
+    for (int64_t w = begin; w < end; ++w) {
+      uint64_t marked = 0;
+      for (int t = 0; t < slices; ++t) {
+        uint64_t& word = seen[t * words + w];
+        if (marked & word) valid[s] = false;
+        marked |= word;
+        word = 0;
+      }
+    }
+  });
+  return std::all_of(valid.begin(), valid.begin() + slices, [](bool v) { return v; });
+}
+
+// CheckIds, on several threads when there are many ids, dense enough in [0, limit) that
+// every thread's bits cost little (then on one again to name the id at fault).
+void CheckManyIds(const char* name, const int64_t* ids, int64_t count, int64_t offset,
+                  int64_t limit, int64_t group, std::vector<uint64_t>& seen) {
+  const bool threaded = count >= kThreadedIds && limit / 64 <= count;
+  if (threaded && IdsAreValid(ids, count, limit, seen)) return;
+  CheckIds(name, ids, count, offset, limit, group, seen);
+}
+
+// JobKeys for blocks [begin, end) of one group: gpu[i] = gpu_base + block[i]; cpu[i] is
+// the CPU sub-block of the group's block i, whose chunks start `skip` sub-blocks in.
+void GroupKeys(const int64_t* block, const int64_t* chunk, int64_t skip, int64_t bpc,
+               int64_t gpu_base, int64_t cpu_base, int64_t begin, int64_t end, int64_t* gpu,
+               int64_t* cpu) {
+  for (int64_t i = begin; i < end; ++i) gpu[i] = gpu_base + block[i];
+  int64_t k = (skip + begin) / bpc, sub = (skip + begin) % bpc;
+  for (int64_t i = begin; i < end; ++k, sub = 0) {
+    const int64_t first = cpu_base + chunk[k] * bpc + sub;
+    const int64_t count = std::min(bpc - sub, end - i);
+    for (int64_t s = 0; s < count; ++s) cpu[i + s] = first + s;
+    i += count;
+  }
 }
 
 }  // namespace
@@ -155,9 +226,10 @@ void ValidateJob(const PageLayout& layout, const PageJob& job) {
   for (int64_t g = 0; g < job.groups; ++g) {
     const int64_t n = job.group_sizes[g];
     const int64_t used = ChunksUsed(n, job.block_indices[g], layout.blocks_per_chunk());
-    CheckIds("block_ids", job.block_ids + block_at, n, block_at, layout.gpu_blocks(g), g, seen);
-    CheckIds("chunk_ids", job.chunk_ids + chunk_at, used, chunk_at, layout.cpu_chunks(g), g,
-             seen);
+    CheckManyIds("block_ids", job.block_ids + block_at, n, block_at, layout.gpu_blocks(g), g,
+                 seen);
+    CheckManyIds("chunk_ids", job.chunk_ids + chunk_at, used, chunk_at, layout.cpu_chunks(g), g,
+                 seen);
     block_at += n;
     chunk_at += used;
   }
@@ -207,28 +279,17 @@ int64_t BuildSegments(const PageLayout& layout, const PageJob& job, std::vector<
 void JobKeys(const PageLayout& layout, const PageJob& job, const int64_t* gpu_offset,
              const int64_t* cpu_offset, int64_t* gpu, int64_t* cpu) {
   const int64_t bpc = layout.blocks_per_chunk();
-  int64_t* gpu_out = gpu;
-  int64_t* cpu_out = cpu;
-  const int64_t* block = job.block_ids;
-  const int64_t* chunk = job.chunk_ids;
+  int64_t block_at = 0, chunk_at = 0;
   for (int64_t g = 0; g < job.groups; ++g) {
     const int64_t n = job.group_sizes[g];
-    const int64_t gpu_base = gpu_offset[g];
-    for (int64_t i = 0; i < n; ++i) gpu_out[i] = gpu_base + block[i];
-    // Chunk k holds sub-blocks [skip or 0, bpc) of the group's blocks, one after another.
-    int64_t sub = job.block_indices[g] % bpc, left = n;
-    const int64_t used = ChunksUsed(n, job.block_indices[g], bpc);
-    for (int64_t k = 0; k < used; ++k) {
-      const int64_t first = cpu_offset[g] + chunk[k] * bpc;
-      const int64_t count = std::min(bpc - sub, left);
-      for (int64_t s = 0; s < count; ++s) cpu_out[s] = first + sub + s;
-      cpu_out += count;
-      left -= count;
-      sub = 0;
-    }
-    gpu_out += n;
-    block += n;
-    chunk += used;
+    const int slices = SlicesFor(n, kThreadedIds);
+    RunSlices(slices, [&](int s) {
+      GroupKeys(job.block_ids + block_at, job.chunk_ids + chunk_at, job.block_indices[g] % bpc,
+                bpc, gpu_offset[g], cpu_offset[g], n / slices * s,
+                s + 1 == slices ? n : n / slices * (s + 1), gpu + block_at, cpu + block_at);
+    });
+    block_at += n;
+    chunk_at += ChunksUsed(n, job.block_indices[g], bpc);
   }
 }
 

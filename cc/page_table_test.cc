@@ -8,6 +8,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cc/test_checks.h"
@@ -190,6 +191,110 @@ void TestUnitsMatchReference(std::mt19937_64& rng) {
   }
 }
 
+// The first fault of ids[0, count) against [0, limit), each at most once, as ValidateJob
+// names it; "" when there is none.
+std::string ReferenceIdFault(const char* name, const int64_t* ids, int64_t count, int64_t offset,
+                             int64_t limit, int64_t group) {
+  std::vector<bool> seen(limit);
+  for (int64_t i = 0; i < count; ++i) {
+    const std::string at = "group " + std::to_string(group) + ": " + name + "[" +
+                           std::to_string(offset + i) + "] = " + std::to_string(ids[i]);
+    if (ids[i] < 0 || ids[i] >= limit) return at + " is out of range [0, " + std::to_string(limit) + ")";
+    if (seen[ids[i]]) return at + " appears twice";
+    seen[ids[i]] = true;
+  }
+  return "";
+}
+
+// Jobs of more ids than one thread checks and numbers, with faults at random places:
+// the same verdict, message and keys as one thread.
+void TestLargeJobsAsOneThreadWould(std::mt19937_64& rng) {
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  int faulty = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    RandomCase c;
+    c.bpc = pick(1, 16);
+    const int64_t groups = pick(1, 2);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t blocks = pick(70000, 200000), chunks = blocks / c.bpc + 2;
+      c.refs.push_back(TensorRef{int64_t{1} << 40, 16, 16, int64_t{1} << 30, 16 * c.bpc});
+      c.group_refs.push_back(1);
+      c.gpu_blocks.push_back(blocks);
+      c.cpu_chunks.push_back(chunks);
+      const int64_t n = pick(65536, blocks), first = pick(0, 40);
+      std::vector<int64_t> ids(blocks), chunk_ids(chunks);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::iota(chunk_ids.begin(), chunk_ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      std::shuffle(chunk_ids.begin(), chunk_ids.end(), rng);
+      c.block_ids.insert(c.block_ids.end(), ids.begin(), ids.begin() + n);
+      c.chunk_ids.insert(c.chunk_ids.end(), chunk_ids.begin(),
+                         chunk_ids.begin() + ChunksUsed(n, first, c.bpc));
+      c.group_sizes.push_back(n);
+      c.block_indices.push_back(first);
+    }
+    if (trial % 2 == 0) {  // one fault of each kind in turn, in the block ids or chunk ids
+      std::vector<int64_t>& ids = trial % 6 == 2 ? c.chunk_ids : c.block_ids;
+      const int64_t size = static_cast<int64_t>(ids.size());
+      switch (trial / 2 % 4) {
+        case 0:
+          ids[pick(0, size - 1)] = pick(INT64_MIN, -1);
+          break;
+        case 1:
+          ids[pick(0, size - 1)] = pick(300000, INT64_MAX);
+          break;
+        case 2:  // far apart: marked by different threads
+          ids[pick(size / 2, size - 1)] = ids[pick(0, size / 2 - 1)];
+          break;
+        default: {
+          const int64_t i = pick(1, size - 1);
+          ids[i] = ids[i - 1];
+        }
+      }
+    }
+    PageLayout layout(c.refs, c.group_refs, c.gpu_blocks, c.cpu_chunks, c.bpc);
+    std::string want;
+    int64_t block_at = 0, chunk_at = 0;
+    for (int64_t g = 0; g < groups && want.empty(); ++g) {
+      const int64_t n = c.group_sizes[g], used = ChunksUsed(n, c.block_indices[g], c.bpc);
+      want = ReferenceIdFault("block_ids", c.block_ids.data() + block_at, n, block_at,
+                              c.gpu_blocks[g], g);
+      if (want.empty()) {
+        want = ReferenceIdFault("chunk_ids", c.chunk_ids.data() + chunk_at, used, chunk_at,
+                                c.cpu_chunks[g], g);
+      }
+      block_at += n;
+      chunk_at += used;
+    }
+    const PageJob job = JobOf(c);
+    const std::string got = InvalidArgument([&] { ValidateJob(layout, job); });
+    EXPECT(got == (want.empty() ? "(no exception)" : want));
+    if (!want.empty()) {
+      ++faulty;
+      continue;
+    }
+    const std::vector<int64_t> gpu_offset(groups, 5), cpu_offset(groups, 9);
+    std::vector<int64_t> gpu(c.block_ids.size(), -1), cpu(c.block_ids.size(), -1);
+    JobKeys(layout, job, gpu_offset.data(), cpu_offset.data(), gpu.data(), cpu.data());
+    block_at = chunk_at = 0;
+    bool keys_ok = true;
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t i = 0; i < c.group_sizes[g]; ++i) {
+        const int64_t position = c.block_indices[g] % c.bpc + i;
+        keys_ok = keys_ok && gpu[block_at + i] == 5 + c.block_ids[block_at + i] &&
+                  cpu[block_at + i] ==
+                      9 + c.chunk_ids[chunk_at + position / c.bpc] * c.bpc + position % c.bpc;
+      }
+      block_at += c.group_sizes[g];
+      chunk_at += ChunksUsed(c.group_sizes[g], c.block_indices[g], c.bpc);
+    }
+    EXPECT(keys_ok);
+  }
+  EXPECT(faulty == 12);
+}
+
 void TestBadJobs() {
   const std::vector<TensorRef> refs{{1 << 20, 4096, 4096, 1 << 30, 4 * 4096}};
   const PageLayout layout(refs, {1}, {10}, {5}, 4);
@@ -229,6 +334,7 @@ void TestBadJobs() {
 int main() {
   std::mt19937_64 rng(12345);
   kvoffload::TestUnitsMatchReference(rng);
+  kvoffload::TestLargeJobsAsOneThreadWould(rng);
   kvoffload::TestBadJobs();
   return kvoffload::TestResult("page_table_test");
 }

@@ -1,0 +1,126 @@
+#include "cc/worker_pool.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+namespace kvoffload {
+namespace {
+
+// Never destroyed: its detached workers may still wait on its condition variables while
+// static destructors run at exit.
+class Pool {
+ public:
+  Pool() : pid_(getpid()) {
+    for (int w = 1; w < kMaxSlices; ++w) {
+      try {
+        std::thread(&Pool::Work, this, w).detach();
+      } catch (const std::exception&) {  // std::system_error: run the rest inline
+        break;
+      }
+      workers_ = w;
+    }
+  }
+
+  pid_t pid() const { return pid_; }
+
+  // False when another call holds the pool: the caller runs every slice itself.
+  bool TryRun(int slices, const std::function<void(int)>& work,
+              std::array<std::exception_ptr, kMaxSlices>& errors) {
+    std::unique_lock<std::mutex> caller(caller_, std::try_to_lock);
+    if (!caller.owns_lock()) return false;
+    const int on_workers = std::min(slices - 1, workers_);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      work_ = &work;
+      errors_ = &errors;
+      on_workers_ = on_workers;
+      pending_ = on_workers;
+      ++generation_;
+    }
+    start_.notify_all();
+    for (int s = on_workers + 1; s < slices; ++s) RunOne(work, s, errors);
+    RunOne(work, 0, errors);
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    work_ = nullptr;
+    return true;
+  }
+
+  static void RunOne(const std::function<void(int)>& work, int s,
+                     std::array<std::exception_ptr, kMaxSlices>& errors) {
+    try {
+      work(s);
+    } catch (...) {
+      errors[s] = std::current_exception();
+    }
+  }
+
+ private:
+  void Work(int w) {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      start_.wait(lock, [&] { return generation_ != seen; });
+      seen = generation_;
+      if (w > on_workers_) continue;
+      const std::function<void(int)>& work = *work_;
+      std::array<std::exception_ptr, kMaxSlices>& errors = *errors_;
+      lock.unlock();
+      RunOne(work, w, errors);
+      lock.lock();
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  const pid_t pid_;
+  int workers_ = 0;
+  std::mutex caller_;  // one call at a time uses the workers
+  std::mutex mutex_;
+  std::condition_variable start_, done_;
+  uint64_t generation_ = 0;
+  int on_workers_ = 0, pending_ = 0;
+  const std::function<void(int)>* work_ = nullptr;
+  std::array<std::exception_ptr, kMaxSlices>* errors_ = nullptr;
+};
+
+Pool& ThisProcessPool() {
+  static std::atomic<Pool*> pool{nullptr};
+  Pool* current = pool.load(std::memory_order_acquire);
+  // A forked child has none of its parent's threads: it starts workers of its own.
+  if (current != nullptr && current->pid() == getpid()) return *current;
+  Pool* fresh = new Pool();
+  if (pool.compare_exchange_strong(current, fresh, std::memory_order_acq_rel)) return *fresh;
+  return *current;  // another thread's came first; this one's workers just sleep
+}
+
+}  // namespace
+
+int SlicesFor(long long count, long long threshold, int max_threads) {
+  if (max_threads <= 0) {
+    max_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  }
+  max_threads = std::clamp(max_threads, 1, kMaxSlices);
+  if (count < threshold) return 1;
+  return static_cast<int>(std::min<long long>(max_threads, 2 * count / threshold));
+}
+
+void RunSlices(int slices, const std::function<void(int)>& work) {
+  slices = std::clamp(slices, 1, kMaxSlices);
+  std::array<std::exception_ptr, kMaxSlices> errors;
+  if (slices == 1 || !ThisProcessPool().TryRun(slices, work, errors)) {
+    for (int s = 0; s < slices; ++s) Pool::RunOne(work, s, errors);
+  }
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+}
+
+}  // namespace kvoffload
