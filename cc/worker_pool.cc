@@ -1,11 +1,11 @@
 #include "cc/worker_pool.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <mutex>
@@ -13,6 +13,21 @@
 
 namespace kvoffload {
 namespace {
+
+// pthread's condition variable: std::condition_variable::wait is a GCC 12 libstdc++ symbol
+// (GLIBCXX_3.4.30), which would lift the extension's manylinux tag to 2_35.
+class Condition {
+ public:
+  Condition() { pthread_cond_init(&cond_, nullptr); }
+  template <typename Ready>
+  void Wait(std::unique_lock<std::mutex>& lock, Ready ready) {
+    while (!ready()) pthread_cond_wait(&cond_, lock.mutex()->native_handle());
+  }
+  void NotifyAll() { pthread_cond_broadcast(&cond_); }
+
+ private:
+  pthread_cond_t cond_;
+};
 
 // Never destroyed: its detached workers may still wait on its condition variables while
 // static destructors run at exit.
@@ -45,11 +60,11 @@ class Pool {
       pending_ = on_workers;
       ++generation_;
     }
-    start_.notify_all();
+    start_.NotifyAll();
     for (int s = on_workers + 1; s < slices; ++s) RunOne(work, s, errors);
     RunOne(work, 0, errors);
     std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return pending_ == 0; });
+    done_.Wait(lock, [&] { return pending_ == 0; });
     work_ = nullptr;
     return true;
   }
@@ -68,7 +83,7 @@ class Pool {
     uint64_t seen = 0;
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
-      start_.wait(lock, [&] { return generation_ != seen; });
+      start_.Wait(lock, [&] { return generation_ != seen; });
       seen = generation_;
       if (w > on_workers_) continue;
       const std::function<void(int)>& work = *work_;
@@ -76,7 +91,7 @@ class Pool {
       lock.unlock();
       RunOne(work, w, errors);
       lock.lock();
-      if (--pending_ == 0) done_.notify_one();
+      if (--pending_ == 0) done_.NotifyAll();
     }
   }
 
@@ -84,7 +99,7 @@ class Pool {
   int workers_ = 0;
   std::mutex caller_;  // one call at a time uses the workers
   std::mutex mutex_;
-  std::condition_variable start_, done_;
+  Condition start_, done_;
   uint64_t generation_ = 0;
   int on_workers_ = 0, pending_ = 0;
   const std::function<void(int)>* work_ = nullptr;
