@@ -62,8 +62,9 @@ void CheckIds(const char* name, const int64_t* ids, int64_t count, int64_t offse
 // Whether the ids are in [0, limit), each at most once, on several threads: each marks
 // its share of the ids in bits of its own, then checks and clears a range of every
 // slice's bits (an id that two slices marked appears twice). seen: as for CheckIds.
-bool IdsAreValid(const int64_t* ids, int64_t count, int64_t limit, std::vector<uint64_t>& seen) {
-  const int slices = SlicesFor(count, kThreadedIds);
+bool IdsAreValid(const int64_t* ids, int64_t count, int64_t limit, std::vector<uint64_t>& seen,
+                 int max_threads) {
+  const int slices = SlicesFor(count, kThreadedIds, max_threads);
   const int64_t words = limit / 64 + 1;
   if (static_cast<int64_t>(seen.size()) < slices * words) seen.resize(slices * words, 0);
   std::array<bool, kMaxSlices> valid;
@@ -72,7 +73,7 @@ bool IdsAreValid(const int64_t* ids, int64_t count, int64_t limit, std::vector<u
     return std::pair<int64_t, int64_t>(total / slices * s,
                                        s + 1 == slices ? total : total / slices * (s + 1));
   };
-  RunSlices(slices, [&](int s) {
+  auto mark = [&](int s) {
     uint64_t* mine = seen.data() + s * words;
     const auto [begin, end] = share(s, count);
     for (int64_t i = begin; i < end; ++i) {
@@ -84,7 +85,13 @@ bool IdsAreValid(const int64_t* ids, int64_t count, int64_t limit, std::vector<u
       }
       mine[id >> 6] |= bit;
     }
-  });
+  };
+  try {
+    RunSlices(slices, mark);
+  } catch (...) {  // making the pool (std::bad_alloc), before any slice ran: keep seen clear
+    std::fill(seen.begin(), seen.begin() + slices * words, 0);
+    throw;
+  }
   RunSlices(slices, [&](int s) {
     const auto [begin, end] = share(s, words);
     for (int64_t w = begin; w < end; ++w) {
@@ -103,9 +110,9 @@ bool IdsAreValid(const int64_t* ids, int64_t count, int64_t limit, std::vector<u
 // CheckIds, on several threads when there are many ids, dense enough in [0, limit) that
 // every thread's bits cost little (then on one again to name the id at fault).
 void CheckManyIds(const char* name, const int64_t* ids, int64_t count, int64_t offset,
-                  int64_t limit, int64_t group, std::vector<uint64_t>& seen) {
+                  int64_t limit, int64_t group, std::vector<uint64_t>& seen, int max_threads) {
   const bool threaded = count >= kThreadedIds && limit / 64 <= count;
-  if (threaded && IdsAreValid(ids, count, limit, seen)) return;
+  if (threaded && IdsAreValid(ids, count, limit, seen, max_threads)) return;
   CheckIds(name, ids, count, offset, limit, group, seen);
 }
 
@@ -196,7 +203,7 @@ int64_t ChunksUsed(int64_t blocks, int64_t first_index, int64_t blocks_per_chunk
   return (blocks + first_index % blocks_per_chunk + blocks_per_chunk - 1) / blocks_per_chunk;
 }
 
-void ValidateJob(const PageLayout& layout, const PageJob& job) {
+void ValidateJob(const PageLayout& layout, const PageJob& job, int max_threads) {
   if (job.groups != layout.groups()) {
     Reject("group_sizes: has " + Str(job.groups) + " groups but the layout has " +
            Str(layout.groups()));
@@ -227,9 +234,9 @@ void ValidateJob(const PageLayout& layout, const PageJob& job) {
     const int64_t n = job.group_sizes[g];
     const int64_t used = ChunksUsed(n, job.block_indices[g], layout.blocks_per_chunk());
     CheckManyIds("block_ids", job.block_ids + block_at, n, block_at, layout.gpu_blocks(g), g,
-                 seen);
+                 seen, max_threads);
     CheckManyIds("chunk_ids", job.chunk_ids + chunk_at, used, chunk_at, layout.cpu_chunks(g), g,
-                 seen);
+                 seen, max_threads);
     block_at += n;
     chunk_at += used;
   }
@@ -277,12 +284,12 @@ int64_t BuildSegments(const PageLayout& layout, const PageJob& job, std::vector<
 }
 
 void JobKeys(const PageLayout& layout, const PageJob& job, const int64_t* gpu_offset,
-             const int64_t* cpu_offset, int64_t* gpu, int64_t* cpu) {
+             const int64_t* cpu_offset, int64_t* gpu, int64_t* cpu, int max_threads) {
   const int64_t bpc = layout.blocks_per_chunk();
   int64_t block_at = 0, chunk_at = 0;
   for (int64_t g = 0; g < job.groups; ++g) {
     const int64_t n = job.group_sizes[g];
-    const int slices = SlicesFor(n, kThreadedIds);
+    const int slices = SlicesFor(n, kThreadedIds, max_threads);
     RunSlices(slices, [&](int s) {
       GroupKeys(job.block_ids + block_at, job.chunk_ids + chunk_at, job.block_indices[g] % bpc,
                 bpc, gpu_offset[g], cpu_offset[g], n / slices * s,

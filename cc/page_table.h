@@ -68,8 +68,9 @@ struct PageJob {
 int64_t ChunksUsed(int64_t blocks, int64_t first_index, int64_t blocks_per_chunk);
 
 // Throws std::invalid_argument naming the group and index at fault: counts that do not
-// add up, ids out of range, an id used twice in a group.
-void ValidateJob(const PageLayout& layout, const PageJob& job);
+// add up, ids out of range, an id used twice in a group. max_threads: as for SlicesFor
+// (cc/worker_pool.h).
+void ValidateJob(const PageLayout& layout, const PageJob& job, int max_threads = 0);
 
 // The job's segments, in the order their bytes are staged; returns the job's units.
 // The job must have passed ValidateJob.
@@ -102,7 +103,7 @@ void SliceHostRuns(const PageLayout& layout, const std::vector<Segment>& segment
 // sub-block, cpu_offset[g] + chunk id * blocks_per_chunk + sub-block. Groups that share
 // tensors share an offset. gpu and cpu hold job.num_block_ids keys each.
 void JobKeys(const PageLayout& layout, const PageJob& job, const int64_t* gpu_offset,
-             const int64_t* cpu_offset, int64_t* gpu, int64_t* cpu);
+             const int64_t* cpu_offset, int64_t* gpu, int64_t* cpu, int max_threads = 0);
 
 // The reference: every unit's (GPU address, host address, bytes), in unit order.
 void UnitCopies(const PageLayout& layout, const int64_t* block_ids,

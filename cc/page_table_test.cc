@@ -269,7 +269,8 @@ void TestLargeJobsAsOneThreadWould(std::mt19937_64& rng) {
       chunk_at += used;
     }
     const PageJob job = JobOf(c);
-    const std::string got = InvalidArgument([&] { ValidateJob(layout, job); });
+    const int threads = static_cast<int>(pick(0, 4));  // 0: the machine's
+    const std::string got = InvalidArgument([&] { ValidateJob(layout, job, threads); });
     EXPECT(got == (want.empty() ? "(no exception)" : want));
     if (!want.empty()) {
       ++faulty;
@@ -277,7 +278,7 @@ void TestLargeJobsAsOneThreadWould(std::mt19937_64& rng) {
     }
     const std::vector<int64_t> gpu_offset(groups, 5), cpu_offset(groups, 9);
     std::vector<int64_t> gpu(c.block_ids.size(), -1), cpu(c.block_ids.size(), -1);
-    JobKeys(layout, job, gpu_offset.data(), cpu_offset.data(), gpu.data(), cpu.data());
+    JobKeys(layout, job, gpu_offset.data(), cpu_offset.data(), gpu.data(), cpu.data(), threads);
     block_at = chunk_at = 0;
     bool keys_ok = true;
     for (int64_t g = 0; g < groups; ++g) {

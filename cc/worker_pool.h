@@ -5,19 +5,33 @@
 // hundreds of thousands of keys, and starting threads for each call cost more than the
 // work itself.
 
-#include <functional>
+#include <type_traits>
 
 namespace kvoffload {
 
 constexpr int kMaxSlices = 4;
 
+// A borrowed callable work(int slice). Unlike std::function it never allocates, so a
+// call that has begun cannot fail for want of memory.
+class SliceWork {
+ public:
+  template <typename F, typename = std::enable_if_t<!std::is_same_v<std::decay_t<F>, SliceWork>>>
+  SliceWork(const F& work)  // NOLINT: implicit, like std::function
+      : work_(&work), call_([](const void* w, int s) { (*static_cast<const F*>(w))(s); }) {}
+  void operator()(int slice) const { call_(work_, slice); }
+
+ private:
+  const void* work_;
+  void (*call_)(const void*, int);
+};
+
 // Runs work(s) for every s in [0, slices), slices clamped to [1, kMaxSlices]: slice 0 on
-// the calling thread, the others on the process's worker threads (started on first use).
-// Slices run on the calling thread instead when the workers are busy with another
-// caller (or this one: nested calls never wait), were never started (thread creation
-// failed), or belong to the parent of a forked process. Returns when every slice has
-// run, then rethrows the exception of the lowest slice that threw.
-void RunSlices(int slices, const std::function<void(int)>& work);
+// the calling thread, the others on the process's worker threads (started on first use,
+// and again in a forked child). Slices run on the calling thread instead when the workers
+// are busy with another caller, when called from inside a slice, or when no worker could
+// be started. Returns when every slice has run, then rethrows the exception of the lowest
+// slice that threw.
+void RunSlices(int slices, SliceWork work);
 
 // Slices for `count` items: 1 below `threshold`, else one per half of it, up to
 // max_threads (0: kMaxSlices, or fewer on a machine with fewer cores).

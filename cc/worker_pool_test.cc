@@ -8,6 +8,8 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
+#include <new>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -15,6 +17,18 @@
 #include <vector>
 
 #include "cc/test_checks.h"
+
+// Allocations made while `counting` is set, on any thread.
+std::atomic<bool> counting{false};
+std::atomic<int> allocations{0};
+
+void* operator new(std::size_t bytes) {
+  if (counting) ++allocations;
+  if (void* p = std::malloc(bytes ? bytes : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace kvoffload {
 namespace {
@@ -92,6 +106,21 @@ void AForkedChildRunsItsOwnSlices() {
   EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+// Once the workers exist, a call allocates nothing: a job's checks, between marking and
+// clearing their bits, cannot fail for want of memory.
+void RunningSlicesAllocatesNothing() {
+  RunSlices(kMaxSlices, [](int) {});  // the pool exists
+  std::array<std::atomic<int>, kMaxSlices> runs{};
+  std::array<int64_t, 64> big_capture{};  // more than any small-buffer optimisation holds
+  counting = true;
+  for (int n = 0; n < 100; ++n) {
+    RunSlices(1 + n % kMaxSlices, [&runs, big_capture](int s) { runs[s] += 1 + static_cast<int>(big_capture[s]); });
+  }
+  counting = false;
+  EXPECT(allocations == 0);
+  EXPECT(runs[0] == 100 && runs[kMaxSlices - 1] == 25);
+}
+
 void SlicesForCounts() {
   EXPECT(SlicesFor(0, 100, 4) == 1);
   EXPECT(SlicesFor(99, 100, 4) == 1);
@@ -112,6 +141,7 @@ int main() {
   kvoffload::ManyCallersAtOnce();
   kvoffload::NestedCallsDoNotWait();
   kvoffload::AForkedChildRunsItsOwnSlices();
+  kvoffload::RunningSlicesAllocatesNothing();
   kvoffload::SlicesForCounts();
   return kvoffload::TestResult("worker_pool_test");
 }
