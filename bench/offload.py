@@ -11,8 +11,8 @@ the host path on a small cache and says so.
 
 --concurrent also runs stores and loads at once (disjoint blocks and chunks), against
 two bulk copies at once, one each way. --interference=model also runs back-to-back bulk
-copies beside the loop: the slowdown that moving bytes at the link's rate costs it, the
-floor for every method. --devices=0,1 runs one handler per GPU, both at
+copies beside the loop: the slowdown that moving bytes at the link's rate costs it, a
+(noisy) reference for every method. --devices=0,1 runs one handler per GPU, both at
 once, against bulk copies on both GPUs at once.
 """
 
@@ -146,7 +146,7 @@ def bulk_seconds(torch, nbytes):
 
 def bulk_beside(torch, loop, direction, moved, alone_seconds_per_gib):
     """Back-to-back bulk copies of 1 GiB, ``moved`` bytes in all, while ``loop`` runs:
-    what moving bytes at the link's rate costs the loop, whatever the method."""
+    what moving bytes at the link's rate costs the loop, a reference for every method."""
     host, dev, stream = bulk_pair(torch, 1 << 30)
     src, dst = (host, dev) if direction == "load" else (dev, host)
     count = max(1, moved >> 30)
@@ -271,7 +271,7 @@ def main(argv):
                          gb_per_s_beside=got.gb_per_s, step_slowdown=got.step_slowdown,
                          idle_drift=got.idle_drift, steps_in_window=got.steps_in_window))
         print(f"bulk {direction} beside {workload}: {got.gb_per_s:6.1f} GB/s, step slowdown "
-              f"{got.step_slowdown:+.1%} over {got.steps_in_window} steps (the floor for any method)")
+              f"{got.step_slowdown:+.1%} over {got.steps_in_window} steps (the reference for every method)")
     for name, shape in CACHES.items():
         cache = make_cache(torch, shape, blocks, "cuda" if gpu else "cpu")
         handlers = {}
