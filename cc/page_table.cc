@@ -31,12 +31,24 @@ int64_t ExtentEnd(int64_t base, int64_t stride, int64_t span, int64_t count) {
 // Below this many ids (or keys), one thread checks (or numbers) them.
 constexpr int64_t kThreadedIds = int64_t{1} << 16;
 
-// Ids in [0, limit), each at most once. seen: scratch bits, all clear on entry and exit.
-void CheckIds(const char* name, const int64_t* ids, int64_t count, int64_t offset, int64_t limit,
-              int64_t group, std::vector<uint64_t>& seen) {
-  const size_t words = static_cast<size_t>(limit / 64 + 1);
-  if (seen.size() < words) seen.resize(words, 0);
+// The index of the first id outside [0, limit) or equal to an earlier one, or `count` when
+// there is none. seen: scratch bits, all clear on entry and exit.
+int64_t FirstIdFault(const int64_t* ids, int64_t count, int64_t limit, std::vector<uint64_t>& seen) {
+  const int64_t words = limit / 64 + 1;
   int64_t i = 0;
+  if (words > 8 * count + 1024) {
+    // Few ids over a wide range: bits for all of it could be more memory than there is;
+    // sorting the ids costs memory in proportion to them.
+    while (i < count && static_cast<uint64_t>(ids[i]) < static_cast<uint64_t>(limit)) ++i;
+    std::vector<std::pair<int64_t, int64_t>> sorted(i);  // (id, index)
+    for (int64_t k = 0; k < i; ++k) sorted[k] = {ids[k], k};
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t k = 1; k < sorted.size(); ++k) {
+      if (sorted[k].first == sorted[k - 1].first) i = std::min(i, sorted[k].second);
+    }
+    return i;
+  }
+  if (static_cast<int64_t>(seen.size()) < words) seen.resize(words, 0);
   for (; i < count; ++i) {
     const uint64_t id = static_cast<uint64_t>(ids[i]);  // negative ids become huge
     if (id >= static_cast<uint64_t>(limit)) break;
@@ -46,11 +58,18 @@ void CheckIds(const char* name, const int64_t* ids, int64_t count, int64_t offse
     word |= bit;
   }
   // Clearing by id touches i words; clearing all of them is cheaper past that.
-  if (static_cast<size_t>(i) < words / 8) {
+  if (i < words / 8) {
     for (int64_t k = 0; k < i; ++k) seen[static_cast<uint64_t>(ids[k]) >> 6] = 0;
   } else {
     std::fill(seen.begin(), seen.begin() + words, 0);
   }
+  return i;
+}
+
+// Ids in [0, limit), each at most once; else throws naming the first id at fault.
+void CheckIds(const char* name, const int64_t* ids, int64_t count, int64_t offset, int64_t limit,
+              int64_t group, std::vector<uint64_t>& seen) {
+  const int64_t i = FirstIdFault(ids, count, limit, seen);
   if (i == count) return;
   const std::string at = std::string(name) + "[" + Str(offset + i) + "] = " + Str(ids[i]);
   if (ids[i] < 0 || ids[i] >= limit) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -195,13 +196,12 @@ void TestUnitsMatchReference(std::mt19937_64& rng) {
 // names it; "" when there is none.
 std::string ReferenceIdFault(const char* name, const int64_t* ids, int64_t count, int64_t offset,
                              int64_t limit, int64_t group) {
-  std::vector<bool> seen(limit);
+  std::set<int64_t> seen;
   for (int64_t i = 0; i < count; ++i) {
     const std::string at = "group " + std::to_string(group) + ": " + name + "[" +
                            std::to_string(offset + i) + "] = " + std::to_string(ids[i]);
     if (ids[i] < 0 || ids[i] >= limit) return at + " is out of range [0, " + std::to_string(limit) + ")";
-    if (seen[ids[i]]) return at + " appears twice";
-    seen[ids[i]] = true;
+    if (!seen.insert(ids[i]).second) return at + " appears twice";
   }
   return "";
 }
@@ -296,6 +296,57 @@ void TestLargeJobsAsOneThreadWould(std::mt19937_64& rng) {
   EXPECT(faulty == 12);
 }
 
+// Few ids over a range too wide for bits covering all of it (up to 2^50 blocks): the same
+// verdicts and messages, with memory in proportion to the ids.
+void TestFewIdsOverAWideRange(std::mt19937_64& rng) {
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  int faulty = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int64_t limit = pick(int64_t{1} << 20, int64_t{1} << 50), n = pick(1, 3000);
+    std::set<int64_t> distinct;
+    while (static_cast<int64_t>(distinct.size()) < n) distinct.insert(pick(0, limit - 1));
+    std::vector<int64_t> ids(distinct.begin(), distinct.end());
+    std::shuffle(ids.begin(), ids.end(), rng);
+    const int64_t size = static_cast<int64_t>(ids.size());
+    switch (trial % 5) {
+      case 0:
+        ids[pick(0, size - 1)] = pick(INT64_MIN, -1);
+        break;
+      case 1:
+        ids[pick(0, size - 1)] = pick(limit, INT64_MAX);
+        break;
+      case 2:
+        if (size > 1) ids[pick(1, size - 1)] = ids[0];
+        break;
+      case 3:  // two faults: the first one counts
+        ids[pick(0, size - 1)] = ids[pick(0, size - 1)];
+        ids[pick(0, size - 1)] = limit;
+        break;
+      default:
+        break;
+    }
+    RandomCase c;
+    c.bpc = 1;
+    c.refs.push_back(TensorRef{int64_t{1} << 40, 16, 16, int64_t{1} << 30, 16});
+    c.group_refs = {1};
+    c.gpu_blocks = {limit};
+    c.cpu_chunks = {size};
+    c.block_ids = ids;
+    c.chunk_ids.resize(size);
+    std::iota(c.chunk_ids.begin(), c.chunk_ids.end(), 0);
+    c.group_sizes = {size};
+    c.block_indices = {0};
+    PageLayout layout(c.refs, c.group_refs, c.gpu_blocks, c.cpu_chunks, c.bpc);
+    const std::string want = ReferenceIdFault("block_ids", ids.data(), size, 0, limit, 0);
+    faulty += !want.empty();
+    EXPECT(InvalidArgument([&] { ValidateJob(layout, JobOf(c)); }) ==
+           (want.empty() ? "(no exception)" : want));
+  }
+  EXPECT(faulty >= 240);
+}
+
 void TestBadJobs() {
   const std::vector<TensorRef> refs{{1 << 20, 4096, 4096, 1 << 30, 4 * 4096}};
   const PageLayout layout(refs, {1}, {10}, {5}, 4);
@@ -336,6 +387,7 @@ int main() {
   std::mt19937_64 rng(12345);
   kvoffload::TestUnitsMatchReference(rng);
   kvoffload::TestLargeJobsAsOneThreadWould(rng);
+  kvoffload::TestFewIdsOverAWideRange(rng);
   kvoffload::TestBadJobs();
   return kvoffload::TestResult("page_table_test");
 }

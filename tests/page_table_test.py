@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
+from kvoffload import _C
 from kvoffload.page_table import (UNIT_BYTES, chunk_keyed_groups, job_arguments, key_offsets, page_table,
                                   whole_chunks)
 from kvoffload.planner import GroupLayout, KVLayout, TensorLayout, plan_transfer
@@ -74,6 +75,18 @@ def test_bad_id_arrays_are_type_errors():
         table.check(np.array([0, 1], np.int32), [0, 1], [1, 1], [0, 0])
     with pytest.raises(ValueError, match="chunk_ids: expected a 1-D array"):
         table.check([0, 1], np.zeros((1, 2), np.int64), [1, 1], [0, 0])
+
+
+def test_a_few_ids_over_a_vast_block_count_are_checked_in_memory_of_their_size():
+    # 2^60 blocks: bits for every one would be 2^57 bytes.
+    rng = np.random.default_rng(7)
+    table = _C.PageTable(np.zeros((0, 5), np.int64), [0], [1 << 60], [4], 1)
+    ids = rng.integers(0, 1 << 60, size=3, dtype=np.int64)
+    table.check(ids, [0, 1, 2], [3], [0])
+    with pytest.raises(ValueError, match=rf"^group 0: block_ids\[2\] = {ids[0]} appears twice$"):
+        table.check([ids[0], ids[1], ids[0]], [0, 1, 2], [3], [0])
+    with pytest.raises(ValueError, match=r"^group 0: block_ids\[1\] = 1152921504606846976 is out of range"):
+        table.check([ids[0], 1 << 60, ids[0]], [0, 1, 2], [3], [0])
 
 
 def test_layouts_whose_extent_wraps_are_refused():
