@@ -30,6 +30,7 @@
 #include "cc/page_table.h"
 #include "cc/pinned_pool.h"
 #include "cc/recycled_buffer.h"
+#include "cc/region_check.h"
 #include "cc/staged_copy.h"
 #include "cc/stream_device.h"
 
@@ -716,6 +717,22 @@ NB_MODULE(_C, m) {
       },
       nb::arg("table").noconvert(), nb::arg("keys").noconvert(), nb::arg("since"),
       "The distinct values >= since of table[keys], ascending.");
+
+  m.def(
+      "first_copy_outside",
+      [](Keys starts, Keys ends, Keys addresses, Keys sizes) {
+        if (starts.shape(0) != ends.shape(0) || addresses.shape(0) != sizes.shape(0)) {
+          throw nb::value_error("first_copy_outside: starts and ends, addresses and sizes "
+                                "must have equal lengths");
+        }
+        return FirstCopyOutside(starts.data(), ends.data(), static_cast<int64_t>(starts.shape(0)),
+                                addresses.data(), sizes.data(),
+                                static_cast<int64_t>(addresses.shape(0)));
+      },
+      nb::arg("starts").noconvert(), nb::arg("ends").noconvert(),
+      nb::arg("addresses").noconvert(), nb::arg("sizes").noconvert(),
+      "The index of the first copy that is empty or not inside one of the sorted, disjoint "
+      "intervals [starts[j], ends[j]), or -1.");
 
   // The host pool (kvoffload.host_pool): first touch, NUMA placement, registration.
   m.def(

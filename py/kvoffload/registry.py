@@ -62,6 +62,15 @@ def _int(value, what: str) -> int:
     return int(value)
 
 
+def _int64_array(values, name: str) -> np.ndarray:
+    """values as a 1-D int64 array: itself when it is one (C-contiguous; the raw-pointer
+    calls' own copies are), else a validated copy (kvoffload._C.int64_vector)."""
+    if (isinstance(values, np.ndarray) and values.dtype == np.int64 and values.ndim == 1
+            and values.flags.c_contiguous):
+        return values
+    return _C.int64_vector(values, name)
+
+
 def tensor_span(tensor) -> tuple[int, int]:
     """(address, bytes) of the memory a torch tensor's elements lie in: from its first
     element to its last, whatever its strides (expanded, transposed, sliced)."""
@@ -154,17 +163,13 @@ class MemoryRegistry:
         inside one registered region of ``kind`` (a MemoryKind, "device", "host" or "any")."""
         if kind != ANY:
             kind = MemoryKind.parse(kind, "kind")
-        addresses, sizes = _C.int64_vector(addresses, what), _C.int64_vector(sizes, "sizes")
+        addresses, sizes = _int64_array(addresses, what), _int64_array(sizes, "sizes")
         if addresses.shape != sizes.shape:
             raise ValueError(f"{what}: has {len(addresses)} entries but sizes has {len(sizes)}")
         starts, ends, regions = self._merged(kind)
-        at = np.searchsorted(starts, addresses, side="right") - 1
-        # end - address >= size, not address + size <= end: the sum may overflow int64.
-        inside = ((at >= 0) & (sizes > 0) & (ends[np.maximum(at, 0)] - addresses >= sizes)
-                  if len(starts) else np.zeros(len(addresses), dtype=bool))
-        if inside.all():
+        i = _C.first_copy_outside(starts, ends, addresses, sizes)
+        if i < 0:
             return
-        i = int(np.argmin(inside))
         a, n = int(addresses[i]), int(sizes[i])
         nearest = min(regions, key=lambda r: min(abs(a - r.start), abs(a - r.end)), default=None)
         memory = "memory" if kind == ANY else f"{kind} memory"
