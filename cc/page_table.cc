@@ -170,6 +170,11 @@ PageLayout::PageLayout(std::vector<TensorRef> refs, const std::vector<int64_t>& 
     if (gpu_blocks_[g] < 0 || cpu_chunks_[g] < 0) {
       Reject("group " + Str(g) + ": block and chunk counts must be >= 0");
     }
+    // A block's place among its chunks' sub-blocks is below blocks_per_chunk + its count.
+    if (gpu_blocks_[g] > INT64_MAX - blocks_per_chunk) {
+      Reject("group " + Str(g) + ": " + Str(gpu_blocks_[g]) + " blocks and blocks_per_chunk " +
+             Str(blocks_per_chunk) + " add up past 2^63 - 1");
+    }
     first_ref_.push_back(first_ref_.back() + group_refs[g]);
   }
   if (first_ref_.back() != static_cast<int64_t>(refs_.size())) {
@@ -219,7 +224,9 @@ bool PageLayout::host_break(int64_t address) const {
 
 int64_t ChunksUsed(int64_t blocks, int64_t first_index, int64_t blocks_per_chunk) {
   if (blocks == 0) return 0;
-  return (blocks + first_index % blocks_per_chunk + blocks_per_chunk - 1) / blocks_per_chunk;
+  // In 128 bits: with blocks_per_chunk near 2^63 the sum passes it (the quotient never does).
+  const __int128 skip = first_index % blocks_per_chunk;
+  return static_cast<int64_t>((blocks + skip + blocks_per_chunk - 1) / blocks_per_chunk);
 }
 
 void ValidateJob(const PageLayout& layout, const PageJob& job, int max_threads) {

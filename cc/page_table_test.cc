@@ -378,6 +378,16 @@ void TestBadJobs() {
       },
       "runs past the end of the address space"));
   EXPECT(Rejects([] { PageLayout({{1, 8, 8, 1, 8}}, {1}, {1}, {1}, 2); }, "cpu_stride"));
+  // blocks_per_chunk near 2^63 (a group without chunks or tensors allows it): the counts
+  // must not wrap into a job that passes with too few chunk ids.
+  constexpr int64_t kHuge = INT64_MAX;
+  EXPECT(Rejects([] { PageLayout({}, {0}, {4}, {0}, kHuge); },
+                 "group 0: 4 blocks and blocks_per_chunk 9223372036854775807 add up past 2^63 - 1"));
+  const PageLayout wide({}, {0}, {4}, {0}, kHuge - 4);
+  std::vector<int64_t> two_ids = {0, 1}, no_chunks, two = {2}, near_end = {kHuge - 5};
+  const PageJob spans_two{two_ids.data(), 2, no_chunks.data(), 0, two.data(), near_end.data(), 1};
+  EXPECT(Rejects([&] { ValidateJob(wide, spans_two); }, "chunk_ids: has 0 ids but the groups use 2 chunks"));
+  EXPECT(ChunksUsed(2, kHuge - 5, kHuge - 4) == 2 && ChunksUsed(kHuge, kHuge - 1, kHuge) == 2);
 }
 
 }  // namespace

@@ -89,6 +89,16 @@ def test_a_few_ids_over_a_vast_block_count_are_checked_in_memory_of_their_size()
         table.check([ids[0], 1 << 60, ids[0]], [0, 1, 2], [3], [0])
 
 
+def test_a_chunk_size_near_2_63_cannot_wrap_a_jobs_chunk_count():
+    # No chunks (or no tensors) leave blocks_per_chunk unbounded by any extent.
+    refs = np.array([[1 << 30, 64, 1, 1 << 40, 2**63 - 1]], np.int64)
+    with pytest.raises(ValueError, match=r"^group 0: 4 blocks and blocks_per_chunk 9223372036854775807 add up past"):
+        _C.PageTable(refs, [1], [4], [0], 2**63 - 1)
+    table = _C.PageTable(np.zeros((0, 5), np.int64), [0], [4], [0], 2**63 - 5)
+    with pytest.raises(ValueError, match=r"^chunk_ids: has 0 ids but the groups use 2 chunks"):
+        table.check([0, 1], [], [2], [2**63 - 6])
+
+
 def test_layouts_whose_extent_wraps_are_refused():
     # KVLayout itself now refuses it, before the page table sees it.
     with pytest.raises(ValueError, match=r"group 0 tensor 0: its GPU extent ends past 2\^63"):

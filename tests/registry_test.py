@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import kvoffload as kv
+from kvoffload import _C
 from kvoffload.handler import OffloadHandler
 from kvoffload.planner import CPUSpec, GPUSpec
 from kvoffload.registry import MemoryRegistry
@@ -205,8 +206,23 @@ def test_a_copy_may_not_span_adjacent_regions_of_two_kinds():
             r.check([start + host + device - edge], [2 * edge], "any")
 
 
+def test_the_error_names_the_copy_as_it_was_checked():
+    r = registry()
+    start = r.regions[0].start
+    # A subclass is copied first (the check and the message read the copy); a plain
+    # array is read once, and the message shows what was read.
+    masked = np.ma.array([start, 0x10], mask=[False, True], dtype=np.int64)
+    with pytest.raises(ValueError, match=r"^copies\[1\]: \[0x10, 0x20\) is outside registered host memory"):
+        r.check(masked, [16, 16], "host")
+    assert _C.first_copy_outside(np.array([start], np.int64), np.array([start + 64], np.int64),
+                                 np.array([start, start + 60], np.int64), np.array([8, 8], np.int64)) == (1, start + 60, 8)
+    assert _C.first_copy_outside(np.array([start], np.int64), np.array([start + 64], np.int64),
+                                 np.array([start], np.int64), np.array([64], np.int64)) == (-1, 0, 0)
+
+
 @pytest.mark.parametrize("start,nbytes,error,message", [
-    (2**63 - 16, 32, ValueError, r"x: \[0x7ffffffffffffff0, 0x8000000000000010\) ends past 2\^63"),
+    (2**63 - 16, 32, ValueError, r"x: \[0x7ffffffffffffff0, 0x8000000000000010\) ends past 2\^63 - 1"),
+    (2**63 - 16, 16, ValueError, r"x: \[0x7ffffffffffffff0, 0x8000000000000000\) ends past 2\^63 - 1"),
     (1, 2**63, ValueError, r"x: .* ends past 2\^63"),
     (2**64, 16, ValueError, r"ends past 2\^63"),
     (4096.0, 16, TypeError, r"start: expected an int, got float"),

@@ -725,14 +725,16 @@ NB_MODULE(_C, m) {
           throw nb::value_error("first_copy_outside: starts and ends, addresses and sizes "
                                 "must have equal lengths");
         }
-        return FirstCopyOutside(starts.data(), ends.data(), static_cast<int64_t>(starts.shape(0)),
-                                addresses.data(), sizes.data(),
-                                static_cast<int64_t>(addresses.shape(0)));
+        const int64_t i = FirstCopyOutside(starts.data(), ends.data(),
+                                           static_cast<int64_t>(starts.shape(0)), addresses.data(),
+                                           sizes.data(), static_cast<int64_t>(addresses.shape(0)));
+        if (i < 0) return nb::make_tuple(i, 0, 0);
+        return nb::make_tuple(i, addresses.data()[i], sizes.data()[i]);
       },
       nb::arg("starts").noconvert(), nb::arg("ends").noconvert(),
       nb::arg("addresses").noconvert(), nb::arg("sizes").noconvert(),
-      "The index of the first copy that is empty or not inside one of the sorted, disjoint "
-      "intervals [starts[j], ends[j]), or -1.");
+      "(i, address, size) of the first copy that is empty or not inside one of the sorted, "
+      "disjoint intervals [starts[j], ends[j]), as read when checked; (-1, 0, 0) if none is.");
 
   // The host pool (kvoffload.host_pool): first touch, NUMA placement, registration.
   m.def(

@@ -36,7 +36,7 @@ class Unchecked:
 UNCHECKED = Unchecked()
 
 
-_END = 2**63  # every region ends at or below it: extents stay in int64
+_END = 2**63 - 1  # every region ends at or below it: its end stays an int64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +65,7 @@ def _int(value, what: str) -> int:
 def _int64_array(values, name: str) -> np.ndarray:
     """values as a 1-D int64 array: itself when it is one (C-contiguous; the raw-pointer
     calls' own copies are), else a validated copy (kvoffload._C.int64_vector)."""
-    if (isinstance(values, np.ndarray) and values.dtype == np.int64 and values.ndim == 1
+    if (type(values) is np.ndarray and values.dtype == np.int64 and values.ndim == 1
             and values.flags.c_contiguous):
         return values
     return _C.int64_vector(values, name)
@@ -111,7 +111,7 @@ class MemoryRegistry:
         if start <= 0 or nbytes <= 0:
             raise ValueError(f"{name}: needs a positive address and size, got {start:#x}, {nbytes}")
         if nbytes > _END - start:
-            raise ValueError(f"{name}: [{start:#x}, {start + nbytes:#x}) ends past 2^63")
+            raise ValueError(f"{name}: [{start:#x}, {start + nbytes:#x}) ends past 2^63 - 1")
         if any(r.name == name for r in self._regions):
             raise ValueError(f"{name}: is already registered")
         for other in self.overlapping(start, nbytes):
@@ -167,10 +167,9 @@ class MemoryRegistry:
         if addresses.shape != sizes.shape:
             raise ValueError(f"{what}: has {len(addresses)} entries but sizes has {len(sizes)}")
         starts, ends, regions = self._merged(kind)
-        i = _C.first_copy_outside(starts, ends, addresses, sizes)
+        i, a, n = _C.first_copy_outside(starts, ends, addresses, sizes)
         if i < 0:
             return
-        a, n = int(addresses[i]), int(sizes[i])
         nearest = min(regions, key=lambda r: min(abs(a - r.start), abs(a - r.end)), default=None)
         memory = "memory" if kind == ANY else f"{kind} memory"
         missed = (f"nearest region: {nearest.name} [{nearest.start:#x}, {nearest.end:#x})"
