@@ -14,7 +14,8 @@ namespace {
 template <typename Work>
 void InSlices(int slices, int64_t length, const Work& work) {
   RunSlices(slices, [&](int s) {
-    work(s, length / slices * s, s + 1 == slices ? length : length / slices * (s + 1));
+    const SliceBounds bounds = SliceOf(length, slices, s);
+    work(s, bounds.begin, bounds.end);
   });
 }
 

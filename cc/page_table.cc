@@ -88,13 +88,9 @@ bool IdsAreValid(const int64_t* ids, int64_t count, int64_t limit, std::vector<u
   if (static_cast<int64_t>(seen.size()) < slices * words) seen.resize(slices * words, 0);
   std::array<bool, kMaxSlices> valid;
   valid.fill(true);
-  auto share = [&](int s, int64_t total) {
-    return std::pair<int64_t, int64_t>(total / slices * s,
-                                       s + 1 == slices ? total : total / slices * (s + 1));
-  };
   auto mark = [&](int s) {
     uint64_t* mine = seen.data() + s * words;
-    const auto [begin, end] = share(s, count);
+    const auto [begin, end] = SliceOf(count, slices, s);
     for (int64_t i = begin; i < end; ++i) {
       const uint64_t id = static_cast<uint64_t>(ids[i]);  // negative ids become huge
       const uint64_t bit = uint64_t{1} << (id & 63);
@@ -112,7 +108,7 @@ bool IdsAreValid(const int64_t* ids, int64_t count, int64_t limit, std::vector<u
     throw;
   }
   RunSlices(slices, [&](int s) {
-    const auto [begin, end] = share(s, words);
+    const auto [begin, end] = SliceOf(words, slices, s);
     for (int64_t w = begin; w < end; ++w) {
       uint64_t marked = 0;
       for (int t = 0; t < slices; ++t) {
@@ -317,9 +313,10 @@ void JobKeys(const PageLayout& layout, const PageJob& job, const int64_t* gpu_of
     const int64_t n = job.group_sizes[g];
     const int slices = SlicesFor(n, kThreadedIds, max_threads);
     RunSlices(slices, [&](int s) {
+      const SliceBounds bounds = SliceOf(n, slices, s);
       GroupKeys(job.block_ids + block_at, job.chunk_ids + chunk_at, job.block_indices[g] % bpc,
-                bpc, gpu_offset[g], cpu_offset[g], n / slices * s,
-                s + 1 == slices ? n : n / slices * (s + 1), gpu + block_at, cpu + block_at);
+                bpc, gpu_offset[g], cpu_offset[g], bounds.begin, bounds.end, gpu + block_at,
+                cpu + block_at);
     });
     block_at += n;
     chunk_at += ChunksUsed(n, job.block_indices[g], bpc);

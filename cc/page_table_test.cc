@@ -24,6 +24,22 @@ struct RandomCase {
   std::vector<int64_t> block_ids, chunk_ids, group_sizes, block_indices;
 };
 
+// Appends a group's part of the job: n of its blocks and the chunks they need (when the
+// group's block indices start at `first`), each distinct, at random.
+void AddGroupJob(RandomCase& c, std::mt19937_64& rng, int64_t blocks, int64_t chunks, int64_t n,
+                 int64_t first) {
+  std::vector<int64_t> ids(blocks), chunk_ids(chunks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::iota(chunk_ids.begin(), chunk_ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::shuffle(chunk_ids.begin(), chunk_ids.end(), rng);
+  c.block_ids.insert(c.block_ids.end(), ids.begin(), ids.begin() + n);
+  c.chunk_ids.insert(c.chunk_ids.end(), chunk_ids.begin(),
+                     chunk_ids.begin() + ChunksUsed(n, first, c.bpc));
+  c.group_sizes.push_back(n);
+  c.block_indices.push_back(first);
+}
+
 // A layout of 1-3 groups (some empty), page sizes that may not be multiples of 16 and
 // may exceed a unit, chunk-major or per-tensor pools; and a job over it.
 RandomCase MakeCase(std::mt19937_64& rng) {
@@ -62,21 +78,10 @@ RandomCase MakeCase(std::mt19937_64& rng) {
     c.group_refs.push_back(tensors);
     c.gpu_blocks.push_back(blocks);
     c.cpu_chunks.push_back(chunks);
-    // The job: n distinct blocks, and the distinct chunks they need.
     const int64_t first = pick(0, 50);
-    std::vector<int64_t> ids(blocks);
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), rng);
     int64_t n = pick(0, blocks);
     while (n > 0 && ChunksUsed(n, first, c.bpc) > chunks) --n;
-    std::vector<int64_t> chunk_ids(chunks);
-    std::iota(chunk_ids.begin(), chunk_ids.end(), 0);
-    std::shuffle(chunk_ids.begin(), chunk_ids.end(), rng);
-    c.block_ids.insert(c.block_ids.end(), ids.begin(), ids.begin() + n);
-    c.chunk_ids.insert(c.chunk_ids.end(), chunk_ids.begin(),
-                       chunk_ids.begin() + ChunksUsed(n, first, c.bpc));
-    c.group_sizes.push_back(n);
-    c.block_indices.push_back(first);
+    AddGroupJob(c, rng, blocks, chunks, n, first);
   }
   return c;
 }
@@ -223,21 +228,13 @@ void TestLargeJobsAsOneThreadWould(std::mt19937_64& rng) {
       c.group_refs.push_back(1);
       c.gpu_blocks.push_back(blocks);
       c.cpu_chunks.push_back(chunks);
-      const int64_t n = pick(65536, blocks), first = pick(0, 40);
-      std::vector<int64_t> ids(blocks), chunk_ids(chunks);
-      std::iota(ids.begin(), ids.end(), 0);
-      std::iota(chunk_ids.begin(), chunk_ids.end(), 0);
-      std::shuffle(ids.begin(), ids.end(), rng);
-      std::shuffle(chunk_ids.begin(), chunk_ids.end(), rng);
-      c.block_ids.insert(c.block_ids.end(), ids.begin(), ids.begin() + n);
-      c.chunk_ids.insert(c.chunk_ids.end(), chunk_ids.begin(),
-                         chunk_ids.begin() + ChunksUsed(n, first, c.bpc));
-      c.group_sizes.push_back(n);
-      c.block_indices.push_back(first);
+      AddGroupJob(c, rng, blocks, chunks, pick(65536, blocks), pick(0, 40));
     }
-    if (trial % 2 == 0) {  // one fault of each kind in turn, in the block ids or chunk ids
-      std::vector<int64_t>& ids = trial % 6 == 2 ? c.chunk_ids : c.block_ids;
-      const int64_t size = static_cast<int64_t>(ids.size());
+    if (trial % 2 == 0) {  // one fault of each kind in turn, in group 0's block or chunk ids
+      const bool chunks = trial % 6 == 2;
+      std::vector<int64_t>& ids = chunks ? c.chunk_ids : c.block_ids;
+      const int64_t size = chunks ? ChunksUsed(c.group_sizes[0], c.block_indices[0], c.bpc)
+                                  : c.group_sizes[0];
       switch (trial / 2 % 4) {
         case 0:
           ids[pick(0, size - 1)] = pick(INT64_MIN, -1);

@@ -33,6 +33,14 @@ class SliceWork {
 // slice that threw.
 void RunSlices(int slices, SliceWork work);
 
+// Slice s of `slices` over [0, length): [begin, end), the last one taking the remainder.
+struct SliceBounds {
+  long long begin, end;
+};
+inline SliceBounds SliceOf(long long length, int slices, int s) {
+  return {length / slices * s, s + 1 == slices ? length : length / slices * (s + 1)};
+}
+
 // Slices for `count` items: 1 below `threshold`, else one per half of it, up to
 // max_threads (0: kMaxSlices, or fewer on a machine with fewer cores).
 int SlicesFor(long long count, long long threshold, int max_threads = 0);
