@@ -355,7 +355,7 @@ class OffloadHandler:
         self._accesses.record(job.lane, job.gpu_keys, job.cpu_keys, job.seq)
         self._lanes.start(job.handle)
         self._unstarted = None
-        job.gpu_keys = job.cpu_keys = None  # recorded: their (recycled) memory can go to the next job
+        job.gpu_keys = job.cpu_keys = None  # LaneAccesses holds them until written or dropped
         return True
 
     def _start_unstarted(self) -> None:
@@ -443,6 +443,8 @@ class OffloadHandler:
                 seconds, error = self._lanes.result(job.handle)
                 if error is not None:
                     self._note_failure(job)
+                # A store's keys outlive it once any store failed: first_failed reads them.
+                self._accesses.retire(job.lane, job.seq, keep=job.writes_cpu and bool(self._failed_stores))
                 self._finished[job.job_id] = TransferResult(
                     job.job_id, error is None, job.direction, job.bytes, seconds, error)
                 jobs.popleft()

@@ -3,10 +3,16 @@
 A lane runs its jobs in submission order, so a new job needs to wait, per other lane,
 only for the latest job there that touched the same bytes with one of the two writing.
 Stores read GPU blocks and write CPU sub-blocks; loads do the opposite. Tables are
-indexed by the flat numbering of PageTable.prepare's keys; job numbers start at 1."""
+indexed by the flat numbering of PageTable.prepare's keys; job numbers start at 1.
+
+A job's keys reach its lane's tables only when another lane asks about that lane while
+the job is in flight, or when it retires and its keys must outlive it (first_failed).
+Most jobs run while no other lane asks: they are never written, and their submission
+costs nothing here."""
 
 from __future__ import annotations
 
+import collections
 from typing import Hashable
 
 import numpy as np
@@ -21,10 +27,40 @@ class LaneAccesses:
     def __init__(self, gpu_keys: int, cpu_keys: int):
         self._sizes = {"gpu": gpu_keys, "cpu": cpu_keys}
         self._tables: dict[tuple[str, str], np.ndarray] = {}  # (lane, side), made on first use
+        # Per lane, (seq, gpu keys, cpu keys) of jobs recorded but not yet written, oldest first.
+        self._pending: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+        self._noted: dict[str, int] = collections.defaultdict(int)  # per lane, the last seq recorded
 
     def record(self, lane: str, gpu: np.ndarray, cpu: np.ndarray, seq: int) -> None:
-        """Job number ``seq`` of ``lane`` touches these keys (both sides in one call: an
-        interrupt leaves both recorded or neither)."""
+        """Job number ``seq`` of ``lane`` touches these keys (which it keeps until they
+        are written or dropped). Numbers rise per lane; recording one again is a no-op."""
+        if seq > self._noted[lane]:
+            self._noted[lane] = seq
+            self._pending[lane].append((seq, gpu, cpu))
+
+    def retire(self, lane: str, seq: int, keep: bool) -> None:
+        """Job ``seq`` of ``lane`` and every earlier one of it are done. keep: its keys
+        still matter (a later first_failed may ask about them), so they are written;
+        else they are dropped (touching never asks about jobs that are done). Again for
+        the same job, a no-op."""
+        pending = self._pending[lane]
+        while pending and pending[0][0] <= seq:
+            if keep and pending[0][0] == seq:
+                self._write(lane, *pending[0])
+            pending.popleft()
+
+    def _flush(self, lane: str) -> None:
+        pending = self._pending[lane]
+        while pending:
+            try:
+                self._write(lane, *pending[0])
+            except IndexError:
+                pending.popleft()  # keys outside the tables: reported once, never written
+                raise
+            pending.popleft()
+
+    def _write(self, lane: str, seq: int, gpu: np.ndarray, cpu: np.ndarray) -> None:
+        # Both sides in one call: an interrupt leaves both written or neither.
         tables = []
         for side in SIDES:
             if (lane, side) not in self._tables:
@@ -35,6 +71,7 @@ class LaneAccesses:
     def touching(self, lane: str, side: str, keys: np.ndarray, since: int) -> np.ndarray:
         """The numbers >= since of ``lane``'s jobs that last touched one of these keys,
         distinct and ascending."""
+        self._flush(lane)
         table = self._tables.get((lane, side))
         if table is None or len(keys) == 0:
             return _EMPTY
@@ -44,6 +81,7 @@ class LaneAccesses:
                      failed: dict[int, Hashable]) -> Hashable | None:
         """The id of a failed job of ``lane`` (``failed``: job number -> id) that was the
         last of its lane to touch one of these keys, or None."""
+        self._flush(lane)
         table = self._tables.get((lane, side))
         if not failed or table is None or len(keys) == 0:
             return None
