@@ -8,9 +8,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kvoffload import _C
-from kvoffload.lane_accesses import SIDES, LaneAccesses
+from kvoffload.lane_accesses import SIDES, LaneAccesses, LazyKeys
 
 LANES = ("store", "load", "expedited")
+
+
+def keys_of(gpu, cpu):
+    return LazyKeys(lambda: (np.asarray(gpu, np.int64), np.asarray(cpu, np.int64)))
 
 
 @settings(max_examples=200, deadline=None)
@@ -29,9 +33,9 @@ def test_touching_and_first_failed_match_a_dict_model(seed):
     for seq in range(1, 40):
         lane = LANES[rng.integers(len(LANES))]
         touched = {side: keys(side) for side in SIDES}
-        accesses.record(lane, touched["gpu"], touched["cpu"], seq)
+        accesses.record(lane, keys_of(touched["gpu"], touched["cpu"]), seq)
         if rng.random() < 0.2:
-            accesses.record(lane, touched["gpu"][:1], touched["cpu"][:1], seq)  # again: a no-op
+            accesses.record(lane, keys_of(touched["gpu"][:1], touched["cpu"][:1]), seq)  # again: a no-op
         in_flight[lane].append(seq)
         for side in SIDES:
             model.update({(lane, side, k): seq for k in touched[side].tolist()})
@@ -54,12 +58,12 @@ def test_touching_and_first_failed_match_a_dict_model(seed):
 
 def test_jobs_are_written_only_when_another_lane_asks_or_kept_at_retirement():
     accesses = LaneAccesses(8, 8)
-    accesses.record("store", np.arange(4), np.arange(4), 1)
+    accesses.record("store", keys_of(np.arange(4), np.arange(4)), 1)
     accesses.retire("store", 1, keep=False)  # done before anyone asked: never written
-    accesses.record("store", np.arange(2), np.arange(2), 2)
+    accesses.record("store", keys_of(np.arange(2), np.arange(2)), 2)
     assert accesses.touching("store", "gpu", np.arange(8), 1).tolist() == [2]
     accesses.retire("store", 2, keep=False)
-    accesses.record("store", np.arange(2, 6), np.arange(2, 6), 3)
+    accesses.record("store", keys_of(np.arange(2, 6), np.arange(2, 6)), 3)
     accesses.retire("store", 3, keep=True)
     accesses.retire("store", 3, keep=True)  # again: a no-op
     assert accesses.touching("store", "gpu", np.arange(8), 1).tolist() == [2, 3]
@@ -68,17 +72,29 @@ def test_jobs_are_written_only_when_another_lane_asks_or_kept_at_retirement():
 
 def test_a_lane_never_recorded_touches_nothing():
     accesses = LaneAccesses(8, 8)
-    accesses.record("store", np.arange(3), np.arange(4), 1)
+    accesses.record("store", keys_of(np.arange(3), np.arange(4)), 1)
     assert accesses.touching("load", "gpu", np.arange(8), 0).size == 0
     assert accesses.first_failed("load", "cpu", np.arange(8), {1: "a"}) is None
     assert accesses.first_failed("store", "cpu", np.arange(8), {1: "a"}) == "a"
 
 
+def test_keys_are_made_only_when_written():
+    made = []
+    accesses = LaneAccesses(8, 8)
+    for seq in (1, 2):
+        accesses.record("store", LazyKeys(lambda seq=seq: made.append(seq) or (np.arange(seq), np.arange(seq))), seq)
+    accesses.retire("store", 1, keep=False)
+    assert made == []
+    assert accesses.touching("store", "gpu", np.arange(8), 1).tolist() == [2]
+    assert accesses.touching("store", "cpu", np.arange(8), 1).tolist() == [2]
+    assert made == [2]
+
+
 def test_keys_outside_the_table_are_an_index_error_once_and_nothing_is_written():
     accesses = LaneAccesses(8, 8)
-    accesses.record("store", np.arange(8), np.arange(8), 1)
+    accesses.record("store", keys_of(np.arange(8), np.arange(8)), 1)
     for seq, bad in ((2, 8), (3, -1)):
-        accesses.record("store", np.array([0, 1, bad]), np.arange(2), seq)
+        accesses.record("store", keys_of(np.array([0, 1, bad]), np.arange(2)), seq)
         with pytest.raises(IndexError, match=rf"^a_keys\[2\] = {bad} is outside the table of 8"):
             accesses.touching("store", "gpu", np.arange(8), 1)
         assert accesses.touching("store", "gpu", np.arange(8), 1).tolist() == [1]  # dropped

@@ -66,7 +66,27 @@ def test_bad_jobs_name_the_group_and_index(case):
         table.check(*args)
     with pytest.raises(ValueError, match=message):
         table.unit_copies(*args)
+    with pytest.raises(ValueError, match=message):
+        table.prepare(*args)
     table.check([0, 1], [0, 1], [1, 1], [0, 0])  # the table is still usable
+
+
+def test_keys_number_a_prepared_jobs_blocks_and_sub_blocks():
+    rng = np.random.default_rng(3)
+    table, other = small_table(), small_table()
+    blocks = np.concatenate([rng.permutation(8)[:3], rng.permutation(8)[:2]])
+    chunks = np.concatenate([rng.permutation(4)[:2], rng.permutation(4)[:2]])
+    job = table.prepare(blocks, chunks, [3, 2], [1, 3])
+    blocks[:] = -1  # the job holds its own copy of the ids
+    gpu, cpu = table.keys(job, [100, 200], [1000, 2000])
+    assert gpu.tolist() == (np.array([100] * 3 + [200] * 2) + job.ids()[0]).tolist()
+    # Group 0's blocks are logical indices 1..3 (sub-blocks 1 and 0, 1 of its chunks),
+    # group 1's 3..4 (sub-block 1 of its first chunk, then 0 of its second).
+    want = [1000 + 2 * chunks[0] + 1, 1000 + 2 * chunks[1], 1000 + 2 * chunks[1] + 1,
+            2000 + 2 * chunks[2] + 1, 2000 + 2 * chunks[3]]
+    assert cpu.tolist() == want
+    with pytest.raises(ValueError, match="^job: was prepared by another PageTable$"):
+        other.keys(job, [0, 0], [0, 0])
 
 
 def test_bad_id_arrays_are_type_errors():
@@ -157,7 +177,7 @@ def test_keys_of_groups_sharing_a_cpu_tensor_with_other_pages_meet_where_bytes_d
             used = -(-(n + first % bpc) // bpc)
             sizes, firsts = [n if h == g else 0 for h in range(2)], [first if h == g else 0 for h in range(2)]
             ids = (rng.permutation(blocks)[:n], rng.permutation(chunks)[:used], sizes, firsts)
-            _, _, cpu_keys = table.prepare(*ids, gpu_offset, cpu_offset)
+            _, cpu_keys = table.keys(table.prepare(*ids), gpu_offset, cpu_offset)
             whole_chunks(cpu_keys, sizes, chunk_keyed_groups(layout), cpu_offset, bpc)
             _, host, size = table.unit_copies(*ids)
             jobs.append((set(cpu_keys.tolist()), list(zip(host.tolist(), size.tolist()))))

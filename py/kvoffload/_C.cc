@@ -438,18 +438,27 @@ class PyPageTable {
 
   void Check(const JobIds& ids) const { ValidateJob(layout_, ids.Job()); }
 
-  // Validates the job, then returns its keys (JobKeys).
-  nb::tuple Keys(const JobIds& ids, nb::handle gpu_offset, nb::handle cpu_offset) const {
+  void CheckReleased(const JobIds& ids) const {
+    nb::gil_scoped_release release;
+    ValidateJob(layout_, ids.Job());
+  }
+
+  // The keys (JobKeys) of a job this table checked.
+  nb::tuple Keys(const PreparedJob& prepared, nb::handle gpu_offset, nb::handle cpu_offset) const {
+    RequireOwn(prepared);
     const std::vector<int64_t> gpu_offsets = Offsets(gpu_offset, "gpu_offset");
     const std::vector<int64_t> cpu_offsets = Offsets(cpu_offset, "cpu_offset");
-    const PageJob job = ids.Job();
+    const PageJob job = prepared.ids.Job();
     RecycledBuffer gpu(job.num_block_ids), cpu(job.num_block_ids);
     {
       nb::gil_scoped_release release;
-      ValidateJob(layout_, job);
       JobKeys(layout_, job, gpu_offsets.data(), cpu_offsets.data(), gpu.data(), cpu.data());
     }
     return nb::make_tuple(ToNumpy(std::move(gpu)), ToNumpy(std::move(cpu)));
+  }
+
+  void RequireOwn(const PreparedJob& job) const {
+    if (job.table != serial_) throw nb::value_error("job: was prepared by another PageTable");
   }
 
   nb::tuple UnitCopies(const JobIds& ids) const {
@@ -637,17 +646,21 @@ NB_MODULE(_C, m) {
           nb::arg("block_indices"))
       .def(
           "prepare",
-          [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i,
-             nb::handle gpu_offset, nb::handle cpu_offset) {
+          [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i) {
             auto job = std::make_unique<PreparedJob>(JobIds(b, c, g, i), t.serial_);
-            nb::tuple keys = t.Keys(job->ids, gpu_offset, cpu_offset);
-            return nb::make_tuple(nb::cast(job.release(), nb::rv_policy::take_ownership),
-                                  keys[0], keys[1]);
+            t.CheckReleased(job->ids);
+            return job.release();
           },
           nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
-          nb::arg("block_indices"), nb::arg("gpu_offset"), nb::arg("cpu_offset"),
-          "Copies the ids once and checks them: (job, gpu_keys, cpu_keys), the keys as "
-          "JobKeys numbers them. copy_job(job) moves exactly what was checked.")
+          nb::arg("block_indices"), nb::rv_policy::take_ownership,
+          "Copies the ids once and checks them: a job that keys(job) numbers and "
+          "copy_job(job) moves, exactly as checked.")
+      .def(
+          "keys",
+          [](const PyPageTable& t, const PreparedJob& job, nb::handle gpu_offset,
+             nb::handle cpu_offset) { return t.Keys(job, gpu_offset, cpu_offset); },
+          nb::arg("job"), nb::arg("gpu_offset"), nb::arg("cpu_offset"),
+          "(gpu_keys, cpu_keys) of a prepared job, as JobKeys numbers them.")
       .def(
           "unit_copies",
           [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i) {
@@ -670,7 +683,7 @@ NB_MODULE(_C, m) {
           "copy_job",
           [](PyPageTable& t, const PreparedJob& job, bool load, nb::handle stream, bool staged,
              int max_ctas, int64_t slot_bytes, int slots) {
-            if (job.table != t.serial_) throw nb::value_error("job: was prepared by another PageTable");
+            t.RequireOwn(job);
             return t.Copy(job.ids, load, stream, PageCopyOptions{staged, max_ctas, slot_bytes, slots},
                           /*checked=*/true);
           },

@@ -44,7 +44,7 @@ from kvoffload import auto, calibration
 from kvoffload.descriptor_pool import DescriptorPool
 from kvoffload.host_pool import (HostPool, PoolOptions, chunk_runs, chunks_reach, kv_layout, pool_bytes,
                                  tensor_owners)
-from kvoffload.lane_accesses import SIDES, LaneAccesses
+from kvoffload.lane_accesses import SIDES, LaneAccesses, LazyKeys
 from kvoffload.page_table import chunk_keyed_groups, job_arguments, key_offsets, page_table, whole_chunks
 from kvoffload.ordering import PendingWrites, safe_order
 from kvoffload.planner import (CPUSpec, GPUSpec, _require_int, check_shared, chunks_used, plan_transfer,
@@ -72,8 +72,7 @@ class _Job:
     direction: Direction
     lane: str
     bytes: int
-    gpu_keys: np.ndarray | None  # flat GPU block numbers (PageTable.prepare), until started
-    cpu_keys: np.ndarray | None  # flat CPU sub-block numbers
+    keys: LazyKeys | None  # flat GPU block and CPU sub-block numbers (PageTable.keys), until started
     descriptors: np.ndarray | None = None
     handle: object = None
     seq: int = 0  # submission number
@@ -256,10 +255,7 @@ class OffloadHandler:
             plan = None
             ids = job_arguments(gpu, cpu)
             # Checks the ids (the page methods' only check, besides shared tensors).
-            prepared, gpu_keys, cpu_keys = self._table.prepare(*ids, self._gpu_offset, self._cpu_offset)
-            if self._chunk_keyed:
-                whole_chunks(cpu_keys, gpu.group_sizes, self._chunk_keyed, self._cpu_offset,
-                             self.layout.blocks_per_chunk)
+            prepared = self._table.prepare(*ids)
             if self._pages is not None:
                 check_shared(self.layout, gpu, cpu)
                 nbytes = sum(n * t.page_bytes for n, group in zip(gpu.group_sizes, self.layout.groups)
@@ -271,9 +267,16 @@ class OffloadHandler:
                     for n, b in zip(gpu.group_sizes, gpu.block_indices)]
             self.pool.require_pinned(chunks_reach(self.layout, cpu.chunk_ids, used), job_id)
             job = _Job(job_id, direction, "expedited" if expedite else direction.value, nbytes,
-                       gpu_keys, cpu_keys)
+                       LazyKeys(functools.partial(self._job_keys, prepared, gpu.group_sizes)))
             self._collect()
             return self._submit(job, plan, prepared)
+
+    def _job_keys(self, prepared, group_sizes) -> tuple[np.ndarray, np.ndarray]:
+        gpu_keys, cpu_keys = self._table.keys(prepared, self._gpu_offset, self._cpu_offset)
+        if self._chunk_keyed:
+            whole_chunks(cpu_keys, group_sizes, self._chunk_keyed, self._cpu_offset,
+                         self.layout.blocks_per_chunk)
+        return gpu_keys, cpu_keys
 
     def _conflicts(self, job: _Job) -> tuple[list[_Job], list[_Job]]:
         """(waits, sources): per other lane, its latest job in flight that touches this
@@ -287,7 +290,7 @@ class OffloadHandler:
             for side in SIDES:
                 if not (job.writes(side) or jobs[0].writes(side)):
                     continue
-                seqs = self._accesses.touching(lane, side, getattr(job, f"{side}_keys"), jobs[0].seq)
+                seqs = self._accesses.touching(lane, side, job.keys()[SIDES.index(side)], jobs[0].seq)
                 if seqs.size:
                     latest = max(latest, int(seqs[-1]))
                     if side == "cpu" and jobs[0].writes(side):
@@ -302,7 +305,8 @@ class OffloadHandler:
         waits, sources = self._conflicts(job)
         if load:
             pending = PendingWrites.YES if sources else PendingWrites.NO
-            failed = self._accesses.first_failed(Direction.STORE.value, "cpu", job.cpu_keys, self._failed_stores)
+            failed = self._accesses.first_failed(Direction.STORE.value, "cpu", job.keys()[1],
+                                                 self._failed_stores) if self._failed_stores else None
             partial = [] if failed is None else [failed]
         else:
             pending = PendingWrites.UNKNOWN
@@ -352,10 +356,10 @@ class OffloadHandler:
         self._by_seq[job.seq] = job
         self._lane_jobs[job.lane].append(job)
         self._ids.add(job.job_id)
-        self._accesses.record(job.lane, job.gpu_keys, job.cpu_keys, job.seq)
+        self._accesses.record(job.lane, job.keys, job.seq)
         self._lanes.start(job.handle)
         self._unstarted = None
-        job.gpu_keys = job.cpu_keys = None  # LaneAccesses holds them until written or dropped
+        job.keys = None  # LaneAccesses holds them until written or dropped
         return True
 
     def _start_unstarted(self) -> None:
@@ -371,10 +375,10 @@ class OffloadHandler:
             if not lane or lane[-1] is not job:
                 lane.append(job)
             self._ids.add(job.job_id)
-            self._accesses.record(job.lane, job.gpu_keys, job.cpu_keys, job.seq)
+            self._accesses.record(job.lane, job.keys, job.seq)
             self._lanes.start(job.handle)
         self._unstarted = None
-        job.gpu_keys = job.cpu_keys = None
+        job.keys = None
 
     def get_finished(self) -> list[TransferResult]:
         """The jobs that completed since the last call, without blocking."""

@@ -23,20 +23,33 @@ SIDES = ("gpu", "cpu")
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
+class LazyKeys:
+    """A job's (gpu keys, cpu keys), made by ``make()`` on first use and kept."""
+
+    def __init__(self, make):
+        self._make, self._keys = make, None
+
+    def __call__(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._keys is None:
+            self._keys = self._make()
+        return self._keys
+
+
 class LaneAccesses:
     def __init__(self, gpu_keys: int, cpu_keys: int):
         self._sizes = {"gpu": gpu_keys, "cpu": cpu_keys}
         self._tables: dict[tuple[str, str], np.ndarray] = {}  # (lane, side), made on first use
-        # Per lane, (seq, gpu keys, cpu keys) of jobs recorded but not yet written, oldest first.
+        # Per lane, (seq, keys) of jobs recorded but not yet written, oldest first.
         self._pending: dict[str, collections.deque] = collections.defaultdict(collections.deque)
         self._noted: dict[str, int] = collections.defaultdict(int)  # per lane, the last seq recorded
 
-    def record(self, lane: str, gpu: np.ndarray, cpu: np.ndarray, seq: int) -> None:
-        """Job number ``seq`` of ``lane`` touches these keys (which it keeps until they
-        are written or dropped). Numbers rise per lane; recording one again is a no-op."""
+    def record(self, lane: str, keys, seq: int) -> None:
+        """Job number ``seq`` of ``lane`` touches the keys ``keys()`` returns as (gpu,
+        cpu) arrays (a LazyKeys: asked for only when they are written, and kept until
+        then). Numbers rise per lane; recording one again is a no-op."""
         if seq > self._noted[lane]:
             self._noted[lane] = seq
-            self._pending[lane].append((seq, gpu, cpu))
+            self._pending[lane].append((seq, keys))
 
     def retire(self, lane: str, seq: int, keep: bool) -> None:
         """Job ``seq`` of ``lane`` and every earlier one of it are done. keep: its keys
@@ -59,7 +72,8 @@ class LaneAccesses:
                 raise
             pending.popleft()
 
-    def _write(self, lane: str, seq: int, gpu: np.ndarray, cpu: np.ndarray) -> None:
+    def _write(self, lane: str, seq: int, keys) -> None:
+        gpu, cpu = keys()
         # Both sides in one call: an interrupt leaves both written or neither.
         tables = []
         for side in SIDES:
@@ -81,9 +95,11 @@ class LaneAccesses:
                      failed: dict[int, Hashable]) -> Hashable | None:
         """The id of a failed job of ``lane`` (``failed``: job number -> id) that was the
         last of its lane to touch one of these keys, or None."""
+        if not failed:
+            return None
         self._flush(lane)
         table = self._tables.get((lane, side))
-        if not failed or table is None or len(keys) == 0:
+        if table is None or len(keys) == 0:
             return None
         seqs = table[keys]
         numbers = np.fromiter(failed, dtype=np.int64, count=len(failed))
