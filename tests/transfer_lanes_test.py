@@ -246,3 +246,24 @@ def test_cuda_lanes_run_a_job_started_twice_once_and_go_on():
     assert ran == ["first", "later"] and lanes.finish(later) == (0.5e-3, None)
     lanes.close()
     lanes.close()  # idempotent
+
+
+def test_only_pipelined_jobs_in_a_row_go_on_the_lanes_other_stream():
+    lanes = CudaLanes(_FAKE_TORCH, 0, ["store", "load"])
+    rng = np.random.default_rng(8)
+    kinds = [bool(k) for k in rng.integers(0, 2, size=40)]
+    seen = {"store": [], "load": []}
+    handles = []
+    for lane in ("store", "load"):
+        for pipelined in kinds:
+            handles.append(lanes.submit(lane, lambda stream, lane=lane: seen[lane].append(stream), [],
+                                        pipelined=pipelined))
+    for handle in handles:
+        lanes.wait(handle)
+    for lane in ("store", "load"):
+        streams = seen[lane]
+        assert len(streams) == len(kinds) and len({id(s) for s in streams}) == 2
+        for i in range(1, len(kinds)):
+            assert (streams[i] is not streams[i - 1]) == (kinds[i] and kinds[i - 1]), i
+    assert not {id(s) for s in seen["store"]} & {id(s) for s in seen["load"]}
+    lanes.close()

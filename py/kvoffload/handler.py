@@ -62,7 +62,7 @@ class TransferResult:
     success: bool
     direction: Direction
     bytes: int
-    seconds: float  # first to last byte moved, from CUDA events (host timer without a GPU)
+    seconds: float  # from its start (its waits met) to its last byte, CUDA events (host timer without a GPU)
     error: str | None = None
 
 
@@ -341,7 +341,8 @@ class OffloadHandler:
                                          registry=UNCHECKED)
         try:
             job.handle = self._lanes.make(job.lane, copy, [w.handle for w in waits],
-                                          failing_with=[w.handle for w in sources])
+                                          failing_with=[w.handle for w in sources],
+                                          pipelined=plan is None and self._method == "pages")
         except BaseException:  # nothing runs
             if descriptors is not None:
                 self._descriptors.release(descriptors)

@@ -2,8 +2,8 @@
 
 A lane runs its jobs in submission order, so they finish in that order; a job can also
 wait for jobs of other lanes, and fail when one of those it reads from failed
-(``failing_with``). Both kinds measure each job's time from its first to its last byte
-moved. Lanes copy unchecked: the handler checks every job against its registry before
+(``failing_with``). Both kinds measure each job's time from its start to its last byte
+moved (a pipelined job may start while the one before it still copies). Lanes copy unchecked: the handler checks every job against its registry before
 submitting it. One thread submits at a time (the handler's lock); ``done`` and ``wait``
 may be called from any thread, and a KeyboardInterrupt in ``wait`` leaves no lock held.
 A job that fails as it is enqueued or run is reported by ``finish``, never raised.
@@ -28,8 +28,13 @@ class _CudaJob:
 
 
 class CudaLanes:
-    """One CUDA stream per lane; a job starts after the compute stream's work so far.
+    """Two CUDA streams per lane; a job starts after the compute stream's work so far.
     A job is a callable that enqueues its copies on the stream it is given.
+
+    A job runs on the stream of the lane's job before it, and so after it; but two
+    pipelined jobs in a row (whose copies keep their own order, as the staging ring's
+    in-order streams do) go on the lane's two streams: the second one's waits are then
+    met while the first still copies, and its copies follow the first's with no drain.
 
     submit() only records where the compute stream stands and queues the job; one
     thread per handler enqueues the jobs, in submission order, so the caller's thread
@@ -38,8 +43,8 @@ class CudaLanes:
     def __init__(self, torch, device, lanes: list[str]):
         self._torch = torch
         self._device = device
-        self._streams = {lane: torch.cuda.Stream(device, priority=-1 if lane == "expedited" else 0)
-                         for lane in lanes}
+        self._streams = {lane: tuple(torch.cuda.Stream(device, priority=-1 if lane == "expedited" else 0)
+                                     for _ in range(2)) for lane in lanes}
         self._events = []  # (ready, start, end) to reuse
         self._last = None  # the job submitted last
         self._queue = queue.SimpleQueue()
@@ -48,19 +53,19 @@ class CudaLanes:
         self._thread.start()
         weakref.finalize(self, self._queue.put, None)  # a lane set never closed ends its thread
 
-    def submit(self, lane, copy, waits, failing_with=()):
-        handle = self.make(lane, copy, waits, failing_with)
+    def submit(self, lane, copy, waits, failing_with=(), pipelined=False):
+        handle = self.make(lane, copy, waits, failing_with, pipelined)
         self.start(handle)
         return handle
 
-    def make(self, lane, copy, waits, failing_with=()):
+    def make(self, lane, copy, waits, failing_with=(), pipelined=False):
         """A job that starts after the compute stream's work so far, once start()ed."""
         torch = self._torch
         events = self._events.pop() if self._events else (
             torch.cuda.Event(), torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         events[0].record(torch.cuda.current_stream(self._device))
         job = _CudaJob(*events, list(failing_with))
-        job.item = (job, self._streams[lane], copy, list(waits))
+        job.item = (job, lane, self._streams[lane], copy, list(waits), pipelined)
         return job
 
     def start(self, handle) -> None:
@@ -72,11 +77,17 @@ class CudaLanes:
 
     @staticmethod
     def _enqueue_jobs(jobs: queue.SimpleQueue) -> None:
+        tails = {}  # per lane, (stream index, pipelined) of the last job enqueued
         while (item := jobs.get()) is not None:
-            job, stream, copy, waits = item
+            job, lane, streams, copy, waits, pipelined = item
             if job.item is None:
                 continue  # started twice
             job.item = None
+            index, tail_pipelined = tails.get(lane, (0, False))
+            if pipelined and tail_pipelined:
+                index = 1 - index
+            tails[lane] = (index, pipelined)
+            stream = streams[index]
             try:
                 stream.wait_event(job.ready)
                 for other in waits:  # enqueued before this one, by this thread
@@ -134,16 +145,18 @@ class CudaLanes:
         if self._last is not None:
             with self._last.queued:
                 pass
-        for lane in self._streams.values():
-            stream.wait_stream(lane)
+        for streams in self._streams.values():
+            for lane in streams:
+                stream.wait_stream(lane)
 
     def close(self) -> None:
         """Enqueues what was started, ends the thread and waits for the streams. Idempotent."""
         self._queue.put(None)
         if threading.current_thread() is not self._thread:
             self._thread.join()
-        for stream in self._streams.values():
-            stream.synchronize()
+        for streams in self._streams.values():
+            for stream in streams:
+                stream.synchronize()
 
 
 class _HostJob:
@@ -166,12 +179,13 @@ class HostLanes:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, lane, copy, waits, failing_with=()):
-        handle = self.make(lane, copy, waits, failing_with)
+    def submit(self, lane, copy, waits, failing_with=(), pipelined=False):
+        handle = self.make(lane, copy, waits, failing_with, pipelined)
         self.start(handle)
         return handle
 
-    def make(self, lane, copy, waits, failing_with=()):
+    def make(self, lane, copy, waits, failing_with=(), pipelined=False):
+        del pipelined  # a lane's thread runs one job at a time
         job = _HostJob(copy, waits, failing_with)
         job.lane = lane
         return job
