@@ -10,10 +10,9 @@ to random CPU chunks of the handler's chunk-major pool and back. Without a GPU i
 the host path on a small cache and says so.
 
 --concurrent also runs stores and loads at once (disjoint blocks and chunks), the best of
-three, against
-two bulk copies at once, one each way. --interference=model also runs back-to-back bulk
-copies beside the loop: the slowdown that moving bytes at the link's rate costs it, a
-(noisy) reference for every method. --devices=0,1 runs one handler per GPU, both at
+three, against two bulk copies at once, one each way. --interference=model also runs
+back-to-back bulk copies beside the loop: the slowdown that moving bytes at the link's
+rate costs it, a (noisy) reference for every method. --devices=0,1 runs one handler per GPU, both at
 once, against bulk copies on both GPUs at once.
 """
 
