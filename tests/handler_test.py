@@ -2,11 +2,13 @@
 and the same ordering rules as on a GPU."""
 
 import concurrent.futures
+import gc
 import linecache
 import signal
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -488,3 +490,20 @@ def test_a_host_pool_that_cannot_be_allocated_on_cpu_does_not_say_pinned(monkeyp
     with pytest.raises(RuntimeError, match=r"not enough memory: the pool needs") as info:
         OffloadHandler([[torch.zeros((8, 128), dtype=torch.uint8)]], 4, 2)
     assert "pinned" not in str(info.value)
+
+
+def test_a_handler_dropped_with_jobs_not_collected_is_freed_without_the_cycle_collector():
+    # What a job keeps until it is collected (its keys, queued for the access tables)
+    # must not keep the handler, and its pool, alive.
+    rng = np.random.default_rng(11)
+    gc.disable()
+    try:
+        handler, _ = make_handler(rng, [128], [2], num_blocks=8, num_chunks=4, bpc=2, cpu_layout="chunk_major")
+        for i in range(3):
+            handler.transfer_async(i, GPUSpec(rng.permutation(8)[:2], [2], [0]), CPUSpec([i]))
+        handler.wait([0, 1, 2])
+        dropped = weakref.ref(handler)
+        del handler
+        assert dropped() is None
+    finally:
+        gc.enable()

@@ -267,3 +267,76 @@ def test_only_pipelined_jobs_in_a_row_go_on_the_lanes_other_stream():
             assert (streams[i] is not streams[i - 1]) == (kinds[i] and kinds[i - 1]), i
     assert not {id(s) for s in seen["store"]} & {id(s) for s in seen["load"]}
     lanes.close()
+
+
+class _Op:
+    """A stream operation and what it comes after, on its stream and through waits."""
+
+    def __init__(self, after):
+        self.after = [op for op in after if op is not None]
+
+    def follows(self, op) -> bool:
+        seen, todo = set(), [self]
+        while todo:
+            node = todo.pop()
+            if node is op:
+                return True
+            if id(node) not in seen:
+                seen.add(id(node))
+                todo += node.after
+        return False
+
+
+class _OrderedStream(_Stream):
+    def __init__(self, device=None, priority=0):
+        super().__init__(device, priority)
+        self.last = None
+
+    def op(self, *after):
+        self.last = _Op([self.last, *after])
+        return self.last
+
+    def wait_event(self, event):
+        self.op(event.op)
+
+    def wait_stream(self, stream):
+        self.op(stream.last)
+
+
+class _OrderedEvent(_Event):
+    op = None
+
+    def record(self, stream=None):
+        self.op = stream.op()
+
+
+@pytest.mark.parametrize("second", ["fails to enqueue", "reads partial bytes", "copies"])
+def test_a_pipelined_job_ends_after_the_one_before_it_even_if_it_copies_nothing(second):
+    # Another lane waits only for a lane's latest job: that job's end must follow every
+    # earlier job's copies, which the ring orders only when it copies through the ring.
+    compute, ring = _OrderedStream(), _OrderedStream()
+    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Event=_OrderedEvent, Stream=_OrderedStream, current_stream=lambda device=None: compute))
+    copied = {}
+
+    def through_ring(name):
+        def copy(stream):
+            ring.op(stream.last)  # the ring starts after the lane's waits
+            copied[name] = ring.op()
+            stream.wait_stream(ring)  # and the lane waits for the ring
+        return copy
+
+    def fail(stream):
+        raise RuntimeError("cudaMalloc (staging ring): out of memory")
+
+    lanes = CudaLanes(torch, 0, ["store", "load"])
+    failed_store = lanes.submit("store", fail, [])
+    first = lanes.submit("load", through_ring("first"), [], pipelined=True)
+    copy = {"fails to enqueue": fail, "reads partial bytes": through_ring("second"),
+            "copies": through_ring("second")}[second]
+    sources = [failed_store] if second == "reads partial bytes" else []
+    last = lanes.submit("load", copy, sources, failing_with=sources, pipelined=True)
+    lanes.wait(last)
+    assert (last.error is None) == (second == "copies")
+    assert last.end.op.follows(copied["first"])
+    lanes.close()

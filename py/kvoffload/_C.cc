@@ -472,7 +472,7 @@ class PyPageTable {
                           ToNumpy(std::move(size)));
   }
 
-  // `checked`: ids that passed Keys() (the job's own snapshot).
+  // `checked`: ids that prepare checked (the job's own snapshot).
   CopyResult Copy(const JobIds& ids, bool load, nb::handle stream_obj,
                   const PageCopyOptions& options, bool checked = false) {
     const cudaStream_t stream = ToStream(stream_obj);

@@ -85,6 +85,15 @@ class _Job:
         return (side == "cpu") == (self.direction is Direction.STORE)
 
 
+def _job_keys(table, gpu_offset, cpu_offset, chunk_keyed, blocks_per_chunk, prepared, group_sizes):
+    """A job's (gpu, cpu) keys. A function, not a method: LaneAccesses keeps it until the
+    job retires, and a reference to the handler would keep a dropped handler's pool."""
+    gpu_keys, cpu_keys = table.keys(prepared, gpu_offset, cpu_offset)
+    if chunk_keyed:
+        whole_chunks(cpu_keys, group_sizes, chunk_keyed, cpu_offset, blocks_per_chunk)
+    return gpu_keys, cpu_keys
+
+
 def bpc_bytes(layout, tensor) -> int:
     """Bytes of one tensor's sub-blocks in a chunk."""
     return layout.blocks_per_chunk * tensor.page_bytes
@@ -267,16 +276,11 @@ class OffloadHandler:
                     for n, b in zip(gpu.group_sizes, gpu.block_indices)]
             self.pool.require_pinned(chunks_reach(self.layout, cpu.chunk_ids, used), job_id)
             job = _Job(job_id, direction, "expedited" if expedite else direction.value, nbytes,
-                       LazyKeys(functools.partial(self._job_keys, prepared, gpu.group_sizes)))
+                       LazyKeys(functools.partial(_job_keys, self._table, self._gpu_offset, self._cpu_offset,
+                                                 self._chunk_keyed, self.layout.blocks_per_chunk,
+                                                 prepared, gpu.group_sizes)))
             self._collect()
             return self._submit(job, plan, prepared)
-
-    def _job_keys(self, prepared, group_sizes) -> tuple[np.ndarray, np.ndarray]:
-        gpu_keys, cpu_keys = self._table.keys(prepared, self._gpu_offset, self._cpu_offset)
-        if self._chunk_keyed:
-            whole_chunks(cpu_keys, group_sizes, self._chunk_keyed, self._cpu_offset,
-                         self.layout.blocks_per_chunk)
-        return gpu_keys, cpu_keys
 
     def _conflicts(self, job: _Job) -> tuple[list[_Job], list[_Job]]:
         """(waits, sources): per other lane, its latest job in flight that touches this

@@ -3,7 +3,7 @@
 A lane runs its jobs in submission order, so a new job needs to wait, per other lane,
 only for the latest job there that touched the same bytes with one of the two writing.
 Stores read GPU blocks and write CPU sub-blocks; loads do the opposite. Tables are
-indexed by the flat numbering of PageTable.prepare's keys; job numbers start at 1.
+indexed by the flat numbering of PageTable.keys; job numbers start at 1.
 
 A job's keys reach its lane's tables only when another lane asks about that lane while
 the job is in flight, or when it retires and its keys must outlive it (first_failed).

@@ -34,7 +34,7 @@ def page_table(layout: KVLayout, host_breaks=()) -> PageTable:
 
 def key_offsets(layout: KVLayout) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Each group's first key in the flat numbering of every GPU block and of every CPU
-    sub-block (PageTable.prepare's keys), groups that share tensors sharing their range;
+    sub-block (PageTable.keys), groups that share tensors sharing their range;
     and how many keys each numbering has."""
     offsets = []
     for alias, count in ((layout.gpu_alias, lambda g: g.num_gpu_blocks),

@@ -77,16 +77,17 @@ class CudaLanes:
 
     @staticmethod
     def _enqueue_jobs(jobs: queue.SimpleQueue) -> None:
-        tails = {}  # per lane, (stream index, pipelined) of the last job enqueued
+        tails = {}  # per lane, (stream index, pipelined, job) of the last job enqueued
         while (item := jobs.get()) is not None:
             job, lane, streams, copy, waits, pipelined = item
             if job.item is None:
                 continue  # started twice
             job.item = None
-            index, tail_pipelined = tails.get(lane, (0, False))
+            index, tail_pipelined, before = tails.get(lane, (0, False, None))
+            after = None  # a job on the other stream still ends after the one before it
             if pipelined and tail_pipelined:
-                index = 1 - index
-            tails[lane] = (index, pipelined)
+                index, after = 1 - index, before
+            tails[lane] = (index, pipelined, job)
             stream = streams[index]
             try:
                 stream.wait_event(job.ready)
@@ -105,6 +106,10 @@ class CudaLanes:
                     # flight until they are done, so jobs that depend on it wait.
                     job.error = f"{type(e).__name__}: {e}"
                 finally:
+                    # Even when it copied nothing through the ring (it failed, or read
+                    # partial bytes): other lanes wait only for a lane's latest job.
+                    if after is not None and after.recorded:
+                        stream.wait_event(after.end)
                     job.end.record(stream)
                     job.recorded = True
             except BaseException as e:  # a stream or event call failed
