@@ -331,7 +331,7 @@ def test_a_pipelined_job_ends_after_the_one_before_it_even_if_it_copies_nothing(
 
     lanes = CudaLanes(torch, 0, ["store", "load"])
     failed_store = lanes.submit("store", fail, [])
-    first = lanes.submit("load", through_ring("first"), [], pipelined=True)
+    lanes.submit("load", through_ring("first"), [], pipelined=True)
     copy = {"fails to enqueue": fail, "reads partial bytes": through_ring("second"),
             "copies": through_ring("second")}[second]
     sources = [failed_store] if second == "reads partial bytes" else []
