@@ -436,9 +436,8 @@ class PyPageTable {
     layout_.set_host_breaks(Vector(host_breaks, "host_breaks"));
   }
 
-  void Check(const JobIds& ids) const { ValidateJob(layout_, ids.Job()); }
-
-  void CheckReleased(const JobIds& ids) const {
+  // `ids` is a snapshot of the caller's arrays: the check needs no GIL.
+  void Check(const JobIds& ids) const {
     nb::gil_scoped_release release;
     ValidateJob(layout_, ids.Job());
   }
@@ -648,7 +647,7 @@ NB_MODULE(_C, m) {
           "prepare",
           [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i) {
             auto job = std::make_unique<PreparedJob>(JobIds(b, c, g, i), t.serial_);
-            t.CheckReleased(job->ids);
+            t.Check(job->ids);
             return job.release();
           },
           nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),

@@ -3,10 +3,11 @@
 A lane runs its jobs in submission order, so they finish in that order; a job can also
 wait for jobs of other lanes, and fail when one of those it reads from failed
 (``failing_with``). Both kinds measure each job's time from its start to its last byte
-moved (a pipelined job may start while the one before it still copies). Lanes copy unchecked: the handler checks every job against its registry before
-submitting it. One thread submits at a time (the handler's lock); ``done`` and ``wait``
-may be called from any thread, and a KeyboardInterrupt in ``wait`` leaves no lock held.
-A job that fails as it is enqueued or run is reported by ``finish``, never raised.
+moved (a pipelined job may start while the one before it still copies). Lanes copy
+unchecked: the handler checks every job against its registry before submitting it. One
+thread submits at a time (the handler's lock); ``done`` and ``wait`` may be called from
+any thread, and a KeyboardInterrupt in ``wait`` leaves no lock held. A job that fails
+as it is enqueued or run is reported by ``finish``, never raised.
 """
 
 from __future__ import annotations
