@@ -340,3 +340,51 @@ def test_a_pipelined_job_ends_after_the_one_before_it_even_if_it_copies_nothing(
     assert (last.error is None) == (second == "copies")
     assert last.end.op.follows(copied["first"])
     lanes.close()
+
+
+def test_cuda_lanes_resolve_each_job_on_the_enqueue_thread_in_submission_order():
+    compute = _OrderedStream()
+    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Event=_OrderedEvent, Stream=_OrderedStream, current_stream=lambda device=None: compute))
+    lanes = CudaLanes(torch, 0, LANES)
+    rng = np.random.default_rng(3)
+    resolved, copied, handles = [], {}, []
+
+    def copy(i):
+        def call(stream):
+            if i == 7:
+                raise RuntimeError("job 7 broke")
+            copied[i] = stream.op()
+        return call
+
+    def resolve(i, waits_for):
+        def call(job):
+            resolved.append((i, threading.current_thread().name))
+            if i == 11:
+                raise IndexError("keys outside the tables")
+            waits = [handles[j] for j in waits_for]
+            return waits, waits if i % 2 else []  # odd jobs read what they wait for
+        return call
+
+    waits_for = {}
+    for i in range(24):
+        waits_for[i] = sorted(set(rng.integers(0, i, size=2).tolist())) if i else []
+        handles.append(lanes.submit(random_lane(rng), copy(i), [], resolve=resolve(i, waits_for[i])))
+    for handle in handles:
+        lanes.wait(handle)
+    assert [i for i, _ in resolved] == list(range(24))
+    assert {name for _, name in resolved} == {"kvoffload enqueue"}
+    for i, handle in enumerate(handles):
+        broken = i in (7, 11) or (i % 2 and any(handles[j].error for j in waits_for[i]))
+        assert (handle.error is not None) == broken, i
+        assert (i in copied) == (not broken), i
+        for j in waits_for[i]:
+            if j in copied and i in copied:
+                assert copied[i].follows(copied[j]), (i, j)
+    assert "IndexError: keys outside the tables" in handles[11].error
+    lanes.close()
+
+
+def test_host_lanes_refuse_resolve(lanes):
+    with pytest.raises(ValueError, match="resolve"):
+        lanes.make("store", lambda: None, [], resolve=lambda job: ([], []))

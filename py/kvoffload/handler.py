@@ -44,7 +44,8 @@ from kvoffload import auto, calibration
 from kvoffload.descriptor_pool import DescriptorPool
 from kvoffload.host_pool import (HostPool, PoolOptions, chunk_runs, chunks_reach, kv_layout, pool_bytes,
                                  tensor_owners)
-from kvoffload.lane_accesses import SIDES, LaneAccesses, LazyKeys
+from kvoffload.lane_accesses import LaneAccesses, LazyKeys
+from kvoffload.lane_conflicts import LaneConflicts
 from kvoffload.page_table import chunk_keyed_groups, job_arguments, key_offsets, page_table, whole_chunks
 from kvoffload.ordering import PendingWrites, safe_order
 from kvoffload.planner import (CPUSpec, GPUSpec, _require_int, check_shared, chunks_used, plan_transfer,
@@ -80,9 +81,6 @@ class _Job:
     @property
     def writes_cpu(self) -> bool:
         return self.direction is Direction.STORE
-
-    def writes(self, side: str) -> bool:
-        return (side == "cpu") == (self.direction is Direction.STORE)
 
 
 def _job_keys(table, gpu_offset, cpu_offset, chunk_keyed, blocks_per_chunk, prepared, group_sizes):
@@ -228,11 +226,13 @@ class OffloadHandler:
         self._in_flight: dict[Hashable, _Job] = {}
         self._lane_jobs = {lane: collections.deque() for lane in lanes}  # in flight, oldest first
         self._gpu_offset, self._cpu_offset, gpu_keys, cpu_keys = key_offsets(self.layout)
-        self._accesses = LaneAccesses(gpu_keys, cpu_keys)
+        # Which jobs each job waits for. Page jobs (which need no copy order) find them on
+        # the lanes' enqueue thread; other jobs here.
+        self._conflicts = LaneConflicts(gpu_keys, cpu_keys, self._lanes.done)
+        self._accesses = LaneAccesses(gpu_keys, cpu_keys)  # the last store of each CPU sub-block, for failures
         # Groups that share CPU tensors with other pages: their sub-blocks lie at other
         # offsets, so their keys name whole chunks.
         self._chunk_keyed = chunk_keyed_groups(self.layout)
-        self._by_seq: dict[int, _Job] = {}  # in flight
         self._unstarted: _Job | None = None  # see _start_unstarted
         self._failed_stores: dict[int, Hashable] = {}  # sequence number -> job id
         self._submitted = 0
@@ -282,41 +282,18 @@ class OffloadHandler:
             self._collect()
             return self._submit(job, plan, prepared)
 
-    def _conflicts(self, job: _Job) -> tuple[list[_Job], list[_Job]]:
-        """(waits, sources): per other lane, its latest job in flight that touches this
-        job's bytes where either writes them; and the stores in flight that last wrote
-        CPU sub-blocks this load reads."""
-        waits, sources = [], []
-        for lane, jobs in self._lane_jobs.items():
-            if lane == job.lane or not jobs:
-                continue
-            latest = 0
-            for side in SIDES:
-                if not (job.writes(side) or jobs[0].writes(side)):
-                    continue
-                seqs = self._accesses.touching(lane, side, job.keys()[SIDES.index(side)], jobs[0].seq)
-                if seqs.size:
-                    latest = max(latest, int(seqs[-1]))
-                    if side == "cpu" and jobs[0].writes(side):
-                        sources += [self._by_seq[int(s)] for s in seqs]
-            if latest:
-                waits.append(self._by_seq[latest])
-        return waits, sources
-
     def _submit(self, job: _Job, plan, prepared) -> bool:
         direction = job.direction
         load = direction is Direction.LOAD
-        waits, sources = self._conflicts(job)
-        if load:
-            pending = PendingWrites.YES if sources else PendingWrites.NO
-            failed = self._accesses.first_failed(Direction.STORE.value, "cpu", job.keys()[1],
-                                                 self._failed_stores) if self._failed_stores else None
-            partial = [] if failed is None else [failed]
-        else:
-            pending = PendingWrites.UNKNOWN
-            partial = []
-        order = safe_order(*direction.kinds, pending)
+        failed = self._accesses.first_failed(Direction.STORE.value, "cpu", job.keys()[1], self._failed_stores) \
+            if load and self._failed_stores else None
+        partial = [] if failed is None else [failed]
+        seq = self._submitted + 1
+        deferred = self._pages is not None  # see self._conflicts
+        waits, sources = ([], []) if deferred else self._conflicts.resolve(job.lane, job.writes_cpu, job.keys)
         if plan is not None:
+            pending = (PendingWrites.YES if sources else PendingWrites.NO) if load else PendingWrites.UNKNOWN
+            order = safe_order(*direction.kinds, pending)
             src, dst, sizes = plan.load() if load else plan.store()
             self.registry.check_copies(src, dst, sizes, *direction.ends(MemoryKind.HOST, self._gpu_kind))
         if partial:
@@ -344,24 +321,23 @@ class OffloadHandler:
                 copy = functools.partial(self._method, *rows, direction=direction, order=order,
                                          registry=UNCHECKED)
         try:
-            job.handle = self._lanes.make(job.lane, copy, [w.handle for w in waits],
-                                          failing_with=[w.handle for w in sources],
-                                          pipelined=plan is None and self._method == "pages")
+            resolve = functools.partial(self._conflicts.resolve_and_add, job.lane, seq, job.writes_cpu,
+                                        job.keys) if deferred else None
+            job.handle = self._lanes.make(job.lane, copy, waits, failing_with=sources,
+                                          pipelined=plan is None and self._method == "pages", resolve=resolve)
         except BaseException:  # nothing runs
             if descriptors is not None:
                 self._descriptors.release(descriptors)
             raise
         job.descriptors = descriptors
-        self._submitted += 1
-        job.seq = self._submitted
+        job.seq = self._submitted = seq
         # Bookkept before it can run, so later jobs see it. An interrupt that stops it
         # from being started leaves it in _unstarted, for the next call to start.
         self._unstarted = job
         self._in_flight[job.job_id] = job
-        self._by_seq[job.seq] = job
         self._lane_jobs[job.lane].append(job)
         self._ids.add(job.job_id)
-        self._accesses.record(job.lane, job.keys, job.seq)
+        self._record(job)
         self._lanes.start(job.handle)
         self._unstarted = None
         job.keys = None  # LaneAccesses holds them until written or dropped
@@ -375,15 +351,20 @@ class OffloadHandler:
         if job is None:
             return
         if job.job_id in self._in_flight:  # else it was interrupted before it existed
-            self._by_seq[job.seq] = job
             lane = self._lane_jobs[job.lane]
             if not lane or lane[-1] is not job:
                 lane.append(job)
             self._ids.add(job.job_id)
-            self._accesses.record(job.lane, job.keys, job.seq)
+            self._record(job)
             self._lanes.start(job.handle)
         self._unstarted = None
         job.keys = None
+
+    def _record(self, job: _Job) -> None:
+        """Notes a job about to start, where later jobs will look for it (idempotent)."""
+        self._accesses.record(job.lane, job.keys, job.seq)
+        if self._pages is None:  # else its resolve adds it, on the enqueue thread
+            self._conflicts.add(job.lane, job.seq, job.writes_cpu, job.keys, job.handle)
 
     def get_finished(self) -> list[TransferResult]:
         """The jobs that completed since the last call, without blocking."""
@@ -458,7 +439,6 @@ class OffloadHandler:
                     job.job_id, error is None, job.direction, job.bytes, seconds, error)
                 jobs.popleft()
                 self._in_flight.pop(job.job_id, None)
-                self._by_seq.pop(job.seq, None)
                 self._lanes.recycle(job.handle)
                 descriptors, job.descriptors = job.descriptors, None
                 if descriptors is not None:

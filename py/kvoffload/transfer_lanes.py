@@ -24,6 +24,7 @@ class _CudaJob:
         self.failing_with = failing_with
         self.error: str | None = None  # set when enqueueing failed or was skipped
         self.recorded = False  # end was recorded: the job's copies are on its stream
+        self.recycled = False  # its events went back to the lane set: done, whatever they say now
         self.queued = threading.Lock()  # held until the job is enqueued or has failed
         self.queued.acquire()
 
@@ -54,19 +55,21 @@ class CudaLanes:
         self._thread.start()
         weakref.finalize(self, self._queue.put, None)  # a lane set never closed ends its thread
 
-    def submit(self, lane, copy, waits, failing_with=(), pipelined=False):
-        handle = self.make(lane, copy, waits, failing_with, pipelined)
+    def submit(self, lane, copy, waits, failing_with=(), pipelined=False, resolve=None):
+        handle = self.make(lane, copy, waits, failing_with, pipelined, resolve)
         self.start(handle)
         return handle
 
-    def make(self, lane, copy, waits, failing_with=(), pipelined=False):
-        """A job that starts after the compute stream's work so far, once start()ed."""
+    def make(self, lane, copy, waits, failing_with=(), pipelined=False, resolve=None):
+        """A job that starts after the compute stream's work so far, once start()ed.
+        resolve: called with the job on the enqueue thread just before it is enqueued,
+        after every job started before it; returns more (waits, failing_with)."""
         torch = self._torch
         events = self._events.pop() if self._events else (
             torch.cuda.Event(), torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         events[0].record(torch.cuda.current_stream(self._device))
         job = _CudaJob(*events, list(failing_with))
-        job.item = (job, lane, self._streams[lane], copy, list(waits), pipelined)
+        job.item = (job, lane, self._streams[lane], copy, list(waits), pipelined, resolve)
         return job
 
     def start(self, handle) -> None:
@@ -80,7 +83,7 @@ class CudaLanes:
     def _enqueue_jobs(jobs: queue.SimpleQueue) -> None:
         tails = {}  # per lane, (stream index, pipelined, job) of the last job enqueued
         while (item := jobs.get()) is not None:
-            job, lane, streams, copy, waits, pipelined = item
+            job, lane, streams, copy, waits, pipelined, resolve = item
             if job.item is None:
                 continue  # started twice
             job.item = None
@@ -91,6 +94,12 @@ class CudaLanes:
             tails[lane] = (index, pipelined, job)
             stream = streams[index]
             try:
+                if resolve is not None:
+                    try:
+                        more_waits, more_failing = resolve(job)
+                        waits, job.failing_with = waits + more_waits, job.failing_with + more_failing
+                    except Exception as e:  # noqa: BLE001 - reported as the job's failure
+                        job.error = f"{type(e).__name__}: {e}"
                 stream.wait_event(job.ready)
                 for other in waits:  # enqueued before this one, by this thread
                     if other.recorded:
@@ -98,9 +107,9 @@ class CudaLanes:
                 failed = [other.error for other in job.failing_with if other.error is not None]
                 job.start.record(stream)
                 try:
-                    if failed:
+                    if failed and job.error is None:
                         job.error = f"reads bytes a failed job left partial ({failed[0]}); nothing copied"
-                    else:
+                    if job.error is None:
                         copy(stream=stream)
                 except BaseException as e:
                     # Copies enqueued before the failure still run: the job stays in
@@ -120,7 +129,7 @@ class CudaLanes:
 
     @staticmethod
     def done(handle) -> bool:
-        return not handle.queued.locked() and (not handle.recorded or handle.end.query())
+        return handle.recycled or (not handle.queued.locked() and (not handle.recorded or handle.end.query()))
 
     @staticmethod
     def wait(handle) -> None:
@@ -136,7 +145,10 @@ class CudaLanes:
         return seconds, handle.error
 
     def recycle(self, handle) -> None:
-        """A done job's events may be reused."""
+        """A done job's events may be reused; again for the same job, a no-op."""
+        if handle.recycled:
+            return
+        handle.recycled = True
         self._events.append((handle.ready, handle.start, handle.end))
 
     def finish(self, handle) -> tuple[float, str | None]:
@@ -190,8 +202,10 @@ class HostLanes:
         self.start(handle)
         return handle
 
-    def make(self, lane, copy, waits, failing_with=(), pipelined=False):
+    def make(self, lane, copy, waits, failing_with=(), pipelined=False, resolve=None):
         del pipelined  # a lane's thread runs one job at a time
+        if resolve is not None:  # lanes run on threads of their own: no one order to resolve in
+            raise ValueError("resolve: only CUDA lanes take it")
         job = _HostJob(copy, waits, failing_with)
         job.lane = lane
         return job
