@@ -50,6 +50,20 @@ def test_the_fastest_beside_the_model_within_the_slowdown_wins():
     assert choose(cal, "h2d", 2 << 20, 0) == ("batch", 54)
 
 
+def test_sizes_where_a_copy_stalled_beside_the_model_leave_its_slowdown_to_the_others():
+    # The batch copy's 4 KiB loads stall on host enqueueing beside the model: no slowdown
+    # was measured there, so 32 KiB takes the 64 KiB figure, not a mix with a sentinel.
+    stalled = [None, 0.004, 0.0]
+    cal = table(beside={"batch h2d": [0.1, 52, 55], "staged h2d": [26, 30, 30]},
+                slowdown={"batch h2d": stalled, "staged h2d": [0.01] * 3, "kernel d2h": [None] * 3})
+    assert cal.slowdown_of("batch", "h2d", 32 << 10) == pytest.approx(0.004)
+    assert cal.slowdown_of("kernel", "d2h", 32 << 10) == float("inf")
+    assert choose(cal, "h2d", 32 << 10, 0)[0] == "batch"
+    assert choose(cal, "h2d", 4 << 10, 0)[0] == "staged"  # 26 GB/s against 0.1
+    cal.slowdown = {k: [None] * 3 if k == "kernel d2h" else [0.3] * 3 for k in cal.slowdown}
+    assert choose(cal, "d2h", 32 << 10, 0)[0] != "kernel"  # never measured: not the gentlest
+
+
 def test_with_no_method_within_the_slowdown_the_gentlest_wins():
     cal = table(slowdown={f"{m} d2h": [0.1 + i / 100] * 3 for i, m in enumerate(auto.METHODS)})
     assert choose(cal, "d2h", 16 << 10, 0)[0] == auto.METHODS[0]

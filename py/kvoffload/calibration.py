@@ -38,7 +38,7 @@ SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20]
 BESIDE_SIZES = [4 << 10, 64 << 10, 2 << 20]
 PATTERNS = ("scattered", "host_runs")
 RUN_BYTES = 256 << 10
-FORMAT = 2  # entries of another format are measured again
+FORMAT = 3  # entries of another format are measured again
 
 
 def path() -> pathlib.Path:
@@ -69,7 +69,9 @@ class Calibration:
     rates: dict[str, list[float]]  # "method direction pattern" -> GB/s alone, per size
     beside_sizes: list[int] = dataclasses.field(default_factory=list)
     beside: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # "method direction" -> GB/s
-    slowdown: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # "method direction"
+    # "method direction" -> step slowdown per beside-size; None where the copies outlasted
+    # a loop of 20 times their time alone (the rate beside says so): nothing measured.
+    slowdown: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
 
     # Keys spell a direction "h2d" or "d2h" (Direction.short), in the cache file too.
     def rate(self, method: str, direction: Direction | str, pattern: str, copy_bytes: float) -> float:
@@ -79,7 +81,10 @@ class Calibration:
         return _interpolate(self.beside_sizes, self.beside[f"{method} {_short(direction)}"], copy_bytes)
 
     def slowdown_of(self, method: str, direction: Direction | str, copy_bytes: float) -> float:
-        return _interpolate(self.beside_sizes, self.slowdown[f"{method} {_short(direction)}"], copy_bytes)
+        """Interpolated over the sizes where it was measured; inf where none was."""
+        known = [(size, s) for size, s in zip(self.beside_sizes, self.slowdown[f"{method} {_short(direction)}"])
+                 if s is not None]
+        return _interpolate(*zip(*known), copy_bytes) if known else math.inf
 
 
 def _short(direction: Direction | str) -> str:
@@ -172,7 +177,7 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
                                 f"{method} {direction.short} {block}: no compute step inside {reps} copies")
                         # Not covered by a loop 20 times its time alone: as good as stopped.
                         rates.append(got.gb_per_s if got else moved / alone / 1e9 / 20)
-                        slowdowns.append(got.step_slowdown if got else 1.0)
+                        slowdowns.append(got.step_slowdown if got else None)
                     cal.beside[f"{method} {direction.short}"] = rates
                     cal.slowdown[f"{method} {direction.short}"] = slowdowns
         return cal
@@ -246,7 +251,7 @@ def main(argv: list[str]) -> None:
         print(f"{name:<28}" + " ".join(f"{r:6.1f}" for r in table))
     for name, table in cal.beside.items():
         print(f"{name + ' beside model':<28}" + " ".join(
-            f"{r:6.1f} ({s:+.1%})" for r, s in zip(table, cal.slowdown[name])))
+            f"{r:6.1f} ({'stalled' if s is None else f'{s:+.1%}'})" for r, s in zip(table, cal.slowdown[name])))
 
 
 if __name__ == "__main__":
