@@ -375,6 +375,32 @@ def test_a_failed_store_fails_only_the_loads_of_its_bytes(gated_failure):
     handler.shutdown()
 
 
+def test_a_load_submitted_as_a_failed_store_ends_fails(gated_failure, monkeypatch):
+    # The store ends (failed) after the load's submit collected finished jobs and before
+    # it looked for the stores in flight: no longer in flight, not yet known to fail.
+    rng = np.random.default_rng(25)
+    handler, model = make_handler(rng, [256], [2], num_blocks=16, num_chunks=8, bpc=2, cpu_layout="chunk_major")
+    arm, gate = gated_failure
+    gate.clear()
+    arm()
+    handler.transfer_async("bad", GPUSpec([0, 1, 2, 3], [4], [0]), CPUSpec([0, 1]))
+    bad, collect = handler._in_flight["bad"].handle, handler._collect
+
+    def collect_then_the_store_ends():
+        collect()
+        gate.set()
+        handler._lanes.wait(bad)
+
+    monkeypatch.setattr(handler, "_collect", collect_then_the_store_ends)
+    assert handler.transfer_async("reads its bytes", CPUSpec([1]), GPUSpec([6, 7], [2], [0]))
+    monkeypatch.setattr(handler, "_collect", collect)
+    handler.wait(["bad", "reads its bytes"])
+    results = {r.job_id: r for r in handler.get_finished()}
+    assert not results["bad"].success and not results["reads its bytes"].success
+    assert "injected" in results["reads its bytes"].error
+    handler.shutdown()
+
+
 def test_wait_takes_one_id_or_a_collection_and_refuses_unknown_ids(gated_failure):
     handler, model = small_handler()
     _, gate = gated_failure

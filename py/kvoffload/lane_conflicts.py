@@ -3,7 +3,8 @@
 One thread asks at a time, in submission order, and adds each job before the next one
 asks: the handler under its lock, or, for page jobs on CUDA lanes, the lanes' enqueue
 thread just before it enqueues the job, so that the caller's submit pays nothing for
-it. A job counts as in flight until ``done(handle)`` says otherwise."""
+it. A job counts as in flight until ``done(handle)`` says otherwise; a handle's
+``error`` is None unless the job failed."""
 
 from __future__ import annotations
 
@@ -16,34 +17,43 @@ class LaneConflicts:
     def __init__(self, gpu_keys: int, cpu_keys: int, done):
         self._accesses = LaneAccesses(gpu_keys, cpu_keys)
         self._done = done
-        # Per lane, (seq, handle) of its jobs in flight, oldest first; a lane's jobs all
+        # Per lane, seq -> handle of its jobs in flight, oldest first; a lane's jobs all
         # write the same side.
-        self._jobs: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+        self._jobs: dict[str, collections.OrderedDict] = collections.defaultdict(collections.OrderedDict)
         self._writes_cpu: dict[str, bool] = {}
         self._added: dict[str, int] = collections.defaultdict(int)  # per lane, the last seq added
+        # Per lane that writes CPU sub-blocks, seq -> handle of its jobs done but failed:
+        # what they left partial stays so until a later job of the lane writes it again.
+        self._failed: dict[str, dict] = collections.defaultdict(dict)
 
     def resolve(self, lane: str, writes_cpu: bool, keys) -> tuple[list, list]:
         """(waits, sources) of a job of ``lane`` that touches ``keys()`` (gpu, cpu): per
         other lane, the handle of its latest job in flight that touches the same bytes
-        where either writes them; and the handles of the stores in flight that last
-        wrote the CPU sub-blocks this job reads."""
+        where either writes them; and the handles of the jobs that last wrote the CPU
+        sub-blocks this job reads, when they are in flight or failed."""
         waits, sources = [], []
         for other, jobs in self._jobs.items():
-            if other == lane or not self._prune(other):
+            if other == lane:
                 continue
-            handles = dict(jobs)
+            in_flight = self._prune(other)
+            if not writes_cpu and self._failed[other]:
+                hit = self._accesses.first_failed(other, "cpu", keys()[1], self._failed[other])
+                if hit is not None:
+                    sources.append(hit)
+            if not in_flight:
+                continue
             latest = 0
             for side in SIDES:
                 other_writes = (side == "cpu") == self._writes_cpu[other]
                 if not (other_writes or (side == "cpu") == writes_cpu):
                     continue
-                seqs = self._accesses.touching(other, side, keys()[SIDES.index(side)], jobs[0][0])
+                seqs = self._accesses.touching(other, side, keys()[SIDES.index(side)], next(iter(jobs)))
                 if seqs.size:
                     latest = max(latest, int(seqs[-1]))
                     if side == "cpu" and other_writes:
-                        sources += [handles[int(s)] for s in seqs]
+                        sources += [jobs[int(s)] for s in seqs]
             if latest:
-                waits.append(handles[latest])
+                waits.append(jobs[latest])
         return waits, sources
 
     def add(self, lane: str, seq: int, writes_cpu: bool, keys, handle) -> None:
@@ -51,11 +61,11 @@ class LaneConflicts:
         is a no-op."""
         self._prune(lane)
         jobs = self._jobs[lane]
-        if seq <= self._added[lane] or (jobs and jobs[-1][0] >= seq):
+        if seq <= self._added[lane] or seq in jobs:
             return  # (the second: an interrupt came before _added was set)
         self._writes_cpu[lane] = writes_cpu
         self._accesses.record(lane, keys, seq)
-        jobs.append((seq, handle))
+        jobs[seq] = handle
         self._added[lane] = seq
 
     def resolve_and_add(self, lane: str, seq: int, writes_cpu: bool, keys, handle) -> tuple[list, list]:
@@ -65,8 +75,18 @@ class LaneConflicts:
         return got
 
     def _prune(self, lane: str) -> int:
-        """Forgets the lane's jobs that are done (they finish in order); how many are left."""
+        """Forgets the lane's jobs that are done (they finish in order), but for the
+        failures of a lane that writes CPU sub-blocks; how many are left in flight."""
         jobs = self._jobs[lane]
-        while jobs and self._done(jobs[0][1]):
-            self._accesses.retire(lane, jobs.popleft()[0], keep=False)
+        while jobs:
+            seq, handle = next(iter(jobs.items()))
+            if not self._done(handle):
+                break
+            failed = self._failed[lane]
+            if self._writes_cpu[lane] and handle.error is not None:
+                failed[seq] = handle
+            # Once the lane has failed, its jobs' keys stay: first_failed needs the last
+            # writer of every sub-block. Each step may be repeated after an interrupt.
+            self._accesses.retire(lane, seq, keep=bool(failed))
+            jobs.pop(seq, None)
         return len(jobs)
