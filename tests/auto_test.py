@@ -57,9 +57,10 @@ def test_sizes_where_a_copy_stalled_beside_the_model_leave_its_slowdown_to_the_o
     cal = table(beside={"batch h2d": [0.1, 52, 55], "staged h2d": [26, 30, 30]},
                 slowdown={"batch h2d": stalled, "staged h2d": [0.01] * 3, "kernel d2h": [None] * 3})
     assert cal.slowdown_of("batch", "h2d", 32 << 10) == pytest.approx(0.004)
+    assert cal.slowdown_of("batch", "h2d", 4 << 10) == cal.slowdown_of("batch", "h2d", 1 << 10) == float("inf")
     assert cal.slowdown_of("kernel", "d2h", 32 << 10) == float("inf")
     assert choose(cal, "h2d", 32 << 10, 0)[0] == "batch"
-    assert choose(cal, "h2d", 4 << 10, 0)[0] == "staged"  # 26 GB/s against 0.1
+    assert choose(cal, "h2d", 4 << 10, 0)[0] == "staged"  # where batch stalls it is not within
     cal.slowdown = {k: [None] * 3 if k == "kernel d2h" else [0.3] * 3 for k in cal.slowdown}
     assert choose(cal, "d2h", 32 << 10, 0)[0] != "kernel"  # never measured: not the gentlest
 

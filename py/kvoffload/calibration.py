@@ -81,10 +81,15 @@ class Calibration:
         return _interpolate(self.beside_sizes, self.beside[f"{method} {_short(direction)}"], copy_bytes)
 
     def slowdown_of(self, method: str, direction: Direction | str, copy_bytes: float) -> float:
-        """Interpolated over the sizes where it was measured; inf where none was."""
-        known = [(size, s) for size, s in zip(self.beside_sizes, self.slowdown[f"{method} {_short(direction)}"])
-                 if s is not None]
-        return _interpolate(*zip(*known), copy_bytes) if known else math.inf
+        """Interpolated over the sizes where it was measured; inf at a size where the copies
+        stalled and beyond it, away from the measured ones (host enqueueing stalls small
+        copies: a stall at 4 KiB says nothing of 32 KiB, where 64 KiB was measured)."""
+        points = list(zip(self.beside_sizes, self.slowdown[f"{method} {_short(direction)}"]))
+        known = [size for size, s in points if s is not None]
+        if not known or any(s is None and (copy_bytes <= size < known[0] or known[-1] < size <= copy_bytes)
+                            for size, s in points):
+            return math.inf
+        return _interpolate(known, [s for _, s in points if s is not None], copy_bytes)
 
 
 def _short(direction: Direction | str) -> str:
