@@ -388,3 +388,48 @@ def test_cuda_lanes_resolve_each_job_on_the_enqueue_thread_in_submission_order()
 def test_host_lanes_refuse_resolve(lanes):
     with pytest.raises(ValueError, match="resolve"):
         lanes.make("store", lambda: None, [], resolve=lambda job: ([], []))
+
+
+class _TimedStream(_Stream):
+    """A stream's GPU time: what it waits for and what it copies move it on."""
+
+    def __init__(self, device=None, priority=0):
+        super().__init__(device, priority)
+        self.now = 0.0
+
+    def wait_event(self, event):
+        self.now = max(self.now, event.t)
+
+
+class _TimedEvent(_Event):
+    def record(self, stream=None):
+        self.t = stream.now
+
+    def elapsed_time(self, other):
+        return other.t - self.t
+
+
+def test_a_pipelined_job_is_timed_from_the_end_of_the_one_before_it_whose_events_wait():
+    # Both jobs' waits are met at 0; each copies 10 ms through one ring in turn. The
+    # second's time is its own 10 ms, not the 20 it spent queued behind the first.
+    compute, ring = _TimedStream(), _TimedStream()
+    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Event=_TimedEvent, Stream=_TimedStream, current_stream=lambda device=None: compute))
+
+    def through_ring(stream):
+        ring.now = max(ring.now, stream.now) + 10.0
+        stream.now = ring.now
+
+    lanes = CudaLanes(torch, 0, ["store", "load"])
+    first = lanes.submit("load", through_ring, [], pipelined=True)
+    second = lanes.submit("load", through_ring, [], pipelined=True)
+    lanes.wait(second)
+    assert lanes.finish(first) == (0.01, None)
+    first_events = {id(first.start), id(first.end)}
+    while_held = lanes.submit("store", through_ring, [])  # may not take the first's events yet
+    assert not first_events & {id(while_held.start), id(while_held.end)}
+    assert lanes.finish(second) == (0.01, None)
+    assert lanes.finish(while_held)[1] is None
+    reused = [lanes.make("store", through_ring, []) for _ in range(3)]
+    assert first_events <= {id(e) for job in reused for e in (job.start, job.end)}
+    lanes.close()

@@ -63,7 +63,9 @@ class TransferResult:
     success: bool
     direction: Direction
     bytes: int
-    seconds: float  # from its start (its waits met) to its last byte, CUDA events (host timer without a GPU)
+    # From its start (its waits met, and the lane's job before it done) to its last byte:
+    # CUDA events (a host timer without a GPU).
+    seconds: float
     error: str | None = None
 
 

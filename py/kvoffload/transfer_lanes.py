@@ -3,7 +3,8 @@
 A lane runs its jobs in submission order, so they finish in that order; a job can also
 wait for jobs of other lanes, and fail when one of those it reads from failed
 (``failing_with``). Both kinds measure each job's time from its start to its last byte
-moved (a pipelined job may start while the one before it still copies). Lanes copy
+moved; a pipelined job, which may start while the one before it still copies, from the
+end of that one if later. Lanes copy
 unchecked: the handler checks every job against its registry before submitting it. One
 thread submits at a time (the handler's lock); ``done`` and ``wait`` may be called from
 any thread, and a KeyboardInterrupt in ``wait`` leaves no lock held. A job that fails
@@ -25,6 +26,10 @@ class _CudaJob:
         self.error: str | None = None  # set when enqueueing failed or was skipped
         self.recorded = False  # end was recorded: the job's copies are on its stream
         self.recycled = False  # its events went back to the lane set: done, whatever they say now
+        # A pipelined job's time starts no earlier than the end of the job before it
+        # (timed_from), whose events stay out of the pool (held_by) until this job's go.
+        self.timed_from = self.held_by = None
+        self.held_events = []  # events of jobs before it, returned with its own
         self.queued = threading.Lock()  # held until the job is enqueued or has failed
         self.queued.acquire()
 
@@ -91,6 +96,11 @@ class CudaLanes:
             after = None  # a job on the other stream still ends after the one before it
             if pipelined and tail_pipelined:
                 index, after = 1 - index, before
+                # Marked first, read second (recycle() does the opposite): of a race,
+                # at least one side sees the other, and no event is reused while timed.
+                before.held_by = job
+                if not before.recycled:
+                    job.timed_from = before
             tails[lane] = (index, pipelined, job)
             stream = streams[index]
             try:
@@ -141,15 +151,28 @@ class CudaLanes:
     @staticmethod
     def result(handle) -> tuple[float, str | None]:
         """(seconds, error) of a done job."""
-        seconds = handle.start.elapsed_time(handle.end) / 1e3 if handle.recorded else 0.0
-        return seconds, handle.error
+        if not handle.recorded:
+            return 0.0, handle.error
+        milliseconds = handle.start.elapsed_time(handle.end)
+        before = handle.timed_from
+        if before is not None and before.recorded:  # not the time it queued behind that job
+            milliseconds = min(milliseconds, before.end.elapsed_time(handle.end))
+        return milliseconds / 1e3, handle.error
 
     def recycle(self, handle) -> None:
         """A done job's events may be reused; again for the same job, a no-op."""
         if handle.recycled:
             return
         handle.recycled = True
-        self._events.append((handle.ready, handle.start, handle.end))
+        handle.timed_from = None  # else every job would keep all those before it
+        held, handle.held_events = handle.held_events, []
+        self._events += held
+        events = (handle.ready, handle.start, handle.end)
+        follower = handle.held_by
+        if follower is not None and not follower.recycled:
+            follower.held_events.append(events)
+        else:
+            self._events.append(events)
 
     def finish(self, handle) -> tuple[float, str | None]:
         """result(), then recycle()."""
