@@ -133,7 +133,7 @@ void StagedPageCopy(const DevicePageTable& table, const PageJob& job, bool load,
   std::vector<HostRuns> runs(slices.size());
   for (size_t i = 0; i < slices.size(); ++i) SliceHostRuns(layout, segments, slices[i], runs[i]);
 
-  StagingRing& ring = StagingRing::For(device, load, options.slot_bytes, options.slots);
+  StagingRing& ring = StagingRing::For(device, load, options.slot_bytes, options.slots, options.ring);
   std::lock_guard<std::mutex> lock(ring.mutex());
   ring.Run(stream, [&] {
     const JobUpload upload(job.block_ids, job.num_block_ids, segments, ring.kernel_stream());
@@ -212,6 +212,10 @@ void ValidatePageCopyOptions(const PageCopyOptions& options) {
   }
   if (options.slots < 2) {
     throw std::invalid_argument("slots: must be >= 2, got " + std::to_string(options.slots));
+  }
+  if (options.ring < 0 || options.ring >= kMaxRings) {
+    throw std::invalid_argument("ring: must be in [0, " + std::to_string(kMaxRings) + "), got " +
+                                std::to_string(options.ring));
   }
 }
 

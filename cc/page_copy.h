@@ -37,7 +37,12 @@ struct PageCopyOptions {
   int max_ctas = 32;                       // CTAs of 1024 threads for the kernel
   int64_t slot_bytes = int64_t{64} << 20;  // one DMA slice
   int slots = 2;
+  // Which of the device's rings of this direction and geometry: copies on different
+  // rings never queue behind each other's (expedited loads take a ring of their own).
+  int ring = 0;
 };
+
+inline constexpr int kMaxRings = 4;  // each ring holds slots x slot_bytes of device memory
 
 // Moves the job's pages between the table's GPU blocks and CPU chunks on `stream`, in
 // stream order; load: CPU -> GPU. The job is validated first (ValidateJob); nothing is

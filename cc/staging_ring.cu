@@ -9,15 +9,15 @@
 
 namespace kvoffload {
 
-StagingRing& StagingRing::For(int device, bool load, int64_t slot_bytes, int slots) {
-  using Key = std::tuple<int, bool, int64_t, int>;
+StagingRing& StagingRing::For(int device, bool load, int64_t slot_bytes, int slots, int ring) {
+  using Key = std::tuple<int, bool, int64_t, int, int>;
   static std::mutex mutex;
   // Never destroyed: rings outlive every stream that may still wait on them at exit.
   static auto* rings = new std::map<Key, std::unique_ptr<StagingRing>>();
   std::lock_guard<std::mutex> lock(mutex);
-  std::unique_ptr<StagingRing>& ring = (*rings)[Key{device, load, slot_bytes, slots}];
-  if (ring == nullptr) ring = std::make_unique<StagingRing>(slot_bytes, slots);
-  return *ring;
+  std::unique_ptr<StagingRing>& made = (*rings)[Key{device, load, slot_bytes, slots, ring}];
+  if (made == nullptr) made = std::make_unique<StagingRing>(slot_bytes, slots);
+  return *made;
 }
 
 StagingRing::StagingRing(int64_t slot_bytes, int slots) : slot_bytes_(slot_bytes), slots_(slots) {

@@ -17,9 +17,9 @@ namespace kvoffload {
 // A load fills a slot by DMA and drains it with a kernel; a store the other way round.
 class StagingRing {
  public:
-  // The ring of `device` (current) for one direction and geometry, made on first use
-  // and kept. Hold mutex() around Run().
-  static StagingRing& For(int device, bool load, int64_t slot_bytes, int slots);
+  // Ring number `ring` of `device` (current) for one direction and geometry, made on
+  // first use and kept. Hold mutex() around Run().
+  static StagingRing& For(int device, bool load, int64_t slot_bytes, int slots, int ring = 0);
 
   std::mutex& mutex() { return mutex_; }
 

@@ -134,6 +134,28 @@ def test_stream_order_a_load_after_a_store_reads_what_it_wrote():
     cache.check()
 
 
+def test_a_copy_on_another_ring_does_not_queue_behind_a_blocked_ring():
+    # Ring 0 starts after its caller's stream, held here by a long spin; a second copy on
+    # ring 0 queues behind it, one on ring 1 (as expedited loads use) does not.
+    rng = np.random.default_rng(6)
+    cache = Cache(rng, [4096], [2], 64, 16, 4, "chunk_major", 0)
+    held, behind, own = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(held):
+        torch.cuda._sleep(4_000_000_000)  # about 2 s of GPU cycles
+    blocks = rng.permutation(64)  # disjoint: the copies land in another order than submitted
+    jobs = [(blocks[8 * i:8 * i + 8], rng.permutation(16)[:2]) for i in range(3)]
+    for (ids, chunks), stream, ring in zip(jobs, (held, behind, own), (0, 0, 1)):
+        cache.table.copy(ids, chunks, [8], [0], load=True, stream=stream, ring=ring)
+    own.synchronize()
+    assert not held.query() and not behind.query()
+    torch.cuda.synchronize()
+    for ids, chunks in jobs:
+        cache.model.load(ids, [8], [0], chunks)
+    cache.check()
+    with pytest.raises(ValueError, match=r"ring: must be in \[0, 4\), got 4"):
+        cache.table.copy([0], [0], [1], [0], load=True, stream=own, ring=4)
+
+
 def test_bad_ids_enqueue_nothing():
     rng = np.random.default_rng(5)
     cache = Cache(rng, [4096], [2], 16, 8, 2, "chunk_major", 0)

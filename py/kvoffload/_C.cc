@@ -670,25 +670,25 @@ NB_MODULE(_C, m) {
       .def(
           "copy",
           [](PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i, bool load,
-             nb::handle stream, bool staged, int max_ctas, int64_t slot_bytes, int slots) {
+             nb::handle stream, bool staged, int max_ctas, int64_t slot_bytes, int slots, int ring) {
             return t.Copy(JobIds(b, c, g, i), load, stream,
-                          PageCopyOptions{staged, max_ctas, slot_bytes, slots});
+                          PageCopyOptions{staged, max_ctas, slot_bytes, slots, ring});
           },
           nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
           nb::arg("block_indices"), nb::arg("load"), nb::arg("stream").none(),
           nb::arg("staged") = true, nb::arg("max_ctas") = 32,
-          nb::arg("slot_bytes") = int64_t{64} << 20, nb::arg("slots") = 2)
+          nb::arg("slot_bytes") = int64_t{64} << 20, nb::arg("slots") = 2, nb::arg("ring") = 0)
       .def(
           "copy_job",
           [](PyPageTable& t, const PreparedJob& job, bool load, nb::handle stream, bool staged,
-             int max_ctas, int64_t slot_bytes, int slots) {
+             int max_ctas, int64_t slot_bytes, int slots, int ring) {
             t.RequireOwn(job);
-            return t.Copy(job.ids, load, stream, PageCopyOptions{staged, max_ctas, slot_bytes, slots},
+            return t.Copy(job.ids, load, stream, PageCopyOptions{staged, max_ctas, slot_bytes, slots, ring},
                           /*checked=*/true);
           },
           nb::arg("job"), nb::arg("load"), nb::arg("stream").none(), nb::arg("staged") = true,
           nb::arg("max_ctas") = 32, nb::arg("slot_bytes") = int64_t{64} << 20,
-          nb::arg("slots") = 2);
+          nb::arg("slots") = 2, nb::arg("ring") = 0);
   nb::class_<PreparedJob>(m, "PreparedJob", "A job's ids, copied and checked by PageTable.prepare.")
       .def(
           "ids",

@@ -308,8 +308,10 @@ class OffloadHandler:
         descriptors = None
         if plan is None:
             # Page copies read in stream order: the job already waits for conflicting stores.
+            # Expedited loads take a ring of their own: they never queue behind the load lane's.
             copy = functools.partial(self._pages.copy_job, prepared, load=load,
-                                     staged=self._method == "pages", max_ctas=self._page_ctas)
+                                     staged=self._method == "pages", max_ctas=self._page_ctas,
+                                     ring=int(job.lane == "expedited"))
         else:
             descriptors = self._descriptors.acquire(src, dst, sizes)
             n = len(sizes)
