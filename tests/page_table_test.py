@@ -191,3 +191,15 @@ def test_groups_that_share_with_equal_pages_keep_sub_block_keys():
     layout = KVLayout(tuple(GroupLayout((TensorLayout((g + 1) << 30, 4096, 256, 1 << 40, 1024),), 8, 4)
                             for g in range(2)), 4)
     assert layout.cpu_alias == (0, 0) and chunk_keyed_groups(layout) == []
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(ring=4), r"ring: must be in \[0, 4\), got 4"),
+    (dict(ring=-1), r"ring: must be in \[0, 4\), got -1"),
+    (dict(slots=1), r"slots: must be >= 2, got 1"),
+    (dict(max_ctas=0), r"max_ctas: must be >= 1, got 0"),
+])
+def test_bad_copy_options_are_refused_before_anything_runs(options, message):
+    # Refused before the job's device is asked for: no GPU is needed to get here.
+    with pytest.raises(ValueError, match=message):
+        small_table().copy([0], [0], [1, 0], [0, 0], load=True, stream=None, **options)
