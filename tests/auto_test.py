@@ -57,12 +57,23 @@ def test_sizes_where_a_copy_stalled_beside_the_model_leave_its_slowdown_to_the_o
     cal = table(beside={"batch h2d": [0.1, 52, 55], "staged h2d": [26, 30, 30]},
                 slowdown={"batch h2d": stalled, "staged h2d": [0.01] * 3, "kernel d2h": [None] * 3})
     assert cal.slowdown_of("batch", "h2d", 32 << 10) == pytest.approx(0.004)
-    assert cal.slowdown_of("batch", "h2d", 4 << 10) == cal.slowdown_of("batch", "h2d", 1 << 10) == float("inf")
+    assert cal.rate_beside("batch", "h2d", 32 << 10) == 52  # nor the stalled rate
+    for near_the_stall in (1 << 10, 4 << 10, 8 << 10, 16 << 10):  # 16 KiB: as near 4 KiB as 64
+        assert cal.slowdown_of("batch", "h2d", near_the_stall) == float("inf")
     assert cal.slowdown_of("kernel", "d2h", 32 << 10) == float("inf")
-    assert choose(cal, "h2d", 32 << 10, 0)[0] == "batch"
+    assert choose(cal, "h2d", 32 << 10, 0) == ("batch", 52)
     assert choose(cal, "h2d", 4 << 10, 0)[0] == "staged"  # where batch stalls it is not within
+    assert choose(cal, "h2d", 4 << 10, 0, max_slowdown=float("inf"))[0] == "staged"
     cal.slowdown = {k: [None] * 3 if k == "kernel d2h" else [0.3] * 3 for k in cal.slowdown}
     assert choose(cal, "d2h", 32 << 10, 0)[0] != "kernel"  # never measured: not the gentlest
+
+
+def test_a_stall_between_measured_sizes_rules_out_only_the_sizes_nearest_it():
+    cal = table(beside={"batch d2h": [40, 0.1, 55]}, slowdown={"batch d2h": [0.001, None, 0.001]})
+    assert cal.slowdown_of("batch", "d2h", 64 << 10) == float("inf")
+    assert cal.slowdown_of("batch", "d2h", 8 << 10) == pytest.approx(0.001)
+    assert cal.rate_beside("batch", "d2h", 8 << 10) > 40  # between 40 and 55, not toward 0.1
+    assert choose(cal, "d2h", 64 << 10, 0)[0] != "batch"
 
 
 def test_with_no_method_within_the_slowdown_the_gentlest_wins():

@@ -4,9 +4,11 @@ without copying when one it reads from failed, and has its own exception reporte
 finish(), never raised; done() and wait() answer from any thread; close() ends the
 threads. Orders and timings are random, from seeded generators."""
 
+import gc
 import threading
 import types
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -433,3 +435,60 @@ def test_a_pipelined_job_is_timed_from_the_end_of_the_one_before_it_whose_events
     reused = [lanes.make("store", through_ring, []) for _ in range(3)]
     assert first_events <= {id(e) for job in reused for e in (job.start, job.end)}
     lanes.close()
+
+
+def test_a_kept_handle_keeps_no_later_pipelined_job_alive():
+    # LaneConflicts keeps a failed store's handle for good: it must not hold its lane's
+    # later jobs through the pipelining bookkeeping.
+    lanes = CudaLanes(_FAKE_TORCH, 0, ["store", "load"])
+    kept = lanes.submit("store", lambda stream: None, [], pipelined=True)
+    lanes.wait(kept)
+    lanes.finish(kept)
+    later = []
+    for _ in range(50):
+        handle = lanes.submit("store", lambda stream: None, [], pipelined=True)
+        lanes.wait(handle)
+        lanes.finish(handle)
+        later.append(weakref.ref(handle))
+    del handle
+    lanes.close()
+    gc.collect()
+    assert sum(ref() is not None for ref in later) <= 2  # the lanes' last job or two
+
+
+class _CountedEvent(_Event):
+    def __init__(self, enable_timing=False):
+        super().__init__(enable_timing)
+        self.records = 0
+
+    def record(self, stream=None):
+        self.records += 1
+
+
+class _WaitLog(_Stream):
+    def __init__(self, device=None, priority=0):
+        super().__init__(device, priority)
+        self.waited = []
+
+    def wait_event(self, event):
+        self.waited.append((event, event.records))
+
+
+def test_a_pipelined_job_never_waits_on_the_reused_end_of_a_collected_job_before_it():
+    # The handler's order: load B is collected (its events recycled), store K takes B's
+    # events and is enqueued, then load J comes in behind B on the lane's other stream.
+    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Event=_CountedEvent, Stream=_WaitLog, current_stream=lambda device=None: _WaitLog()))
+    lanes = CudaLanes(torch, 0, ["store", "load"])
+    b = lanes.submit("load", lambda stream: None, [], pipelined=True)
+    lanes.wait(b)
+    b_end, b_records = b.end, b.end.records
+    lanes.finish(b)
+    k = lanes.submit("store", lambda stream: None, [], pipelined=True)
+    assert k.end is b_end
+    lanes.wait(k)
+    streams = []
+    j = lanes.submit("load", lambda stream: streams.append(stream), [], pipelined=True)
+    lanes.wait(j)
+    lanes.close()
+    assert all(records == b_records for event, records in streams[0].waited if event is b_end)

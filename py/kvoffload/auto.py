@@ -11,6 +11,8 @@ host side comes in runs of at least RUN_BYTES, the others off the scattered one.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kvoffload import calibration as calibrations
@@ -44,7 +46,7 @@ def choose(cal: Calibration, direction: Direction | str, copy_bytes: float, host
         best = max(METHODS, key=alone)
         return best, alone(best)
     slowdown = {m: cal.slowdown_of(m, direction, copy_bytes) for m in METHODS}
-    within = [m for m in METHODS if slowdown[m] <= max_slowdown]
+    within = [m for m in METHODS if slowdown[m] <= max_slowdown and slowdown[m] != math.inf]
     if not within:
         best = min(METHODS, key=slowdown.get)
     else:

@@ -78,18 +78,29 @@ class Calibration:
         return _interpolate(self.sizes, self.rates[f"{method} {_short(direction)} {pattern}"], copy_bytes)
 
     def rate_beside(self, method: str, direction: Direction | str, copy_bytes: float) -> float:
-        return _interpolate(self.beside_sizes, self.beside[f"{method} {_short(direction)}"], copy_bytes)
+        """Interpolated over the sizes where the copies did not stall (all, if none)."""
+        name = f"{method} {_short(direction)}"
+        measured = self._measured(name) or self.beside_sizes
+        rates = dict(zip(self.beside_sizes, self.beside[name]))
+        return _interpolate(measured, [rates[size] for size in measured], copy_bytes)
 
     def slowdown_of(self, method: str, direction: Direction | str, copy_bytes: float) -> float:
-        """Interpolated over the sizes where it was measured; inf at a size where the copies
-        stalled and beyond it, away from the measured ones (host enqueueing stalls small
-        copies: a stall at 4 KiB says nothing of 32 KiB, where 64 KiB was measured)."""
-        points = list(zip(self.beside_sizes, self.slowdown[f"{method} {_short(direction)}"]))
-        known = [size for size, s in points if s is not None]
-        if not known or any(s is None and (copy_bytes <= size < known[0] or known[-1] < size <= copy_bytes)
-                            for size, s in points):
+        """Interpolated over the sizes where it was measured; inf where the calibrated size
+        nearest to copy_bytes (in log scale; of two, either) stalled: host enqueueing stalls
+        small copies, and a stall at 4 KiB says nothing of 32 KiB, where 64 KiB ran."""
+        name = f"{method} {_short(direction)}"
+        measured = self._measured(name)
+        distance = [abs(math.log2(size) - math.log2(max(copy_bytes, 1))) for size in self.beside_sizes]
+        nearest = min(distance) if distance else 0.0
+        if not measured or any(d == nearest and size not in measured
+                               for size, d in zip(self.beside_sizes, distance)):
             return math.inf
-        return _interpolate(known, [s for _, s in points if s is not None], copy_bytes)
+        slowdowns = dict(zip(self.beside_sizes, self.slowdown[name]))
+        return _interpolate(measured, [slowdowns[size] for size in measured], copy_bytes)
+
+    def _measured(self, name: str) -> list[int]:
+        """The beside-sizes where the copies of ``name`` ran inside the loop."""
+        return [size for size, s in zip(self.beside_sizes, self.slowdown[name]) if s is not None]
 
 
 def _short(direction: Direction | str) -> str:

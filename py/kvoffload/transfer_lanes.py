@@ -101,6 +101,8 @@ class CudaLanes:
                 before.held_by = job
                 if not before.recycled:
                     job.timed_from = before
+                else:  # done and collected: its events may be another job's by now
+                    before.held_by = after = None
             tails[lane] = (index, pipelined, job)
             stream = streams[index]
             try:
@@ -168,7 +170,7 @@ class CudaLanes:
         held, handle.held_events = handle.held_events, []
         self._events += held
         events = (handle.ready, handle.start, handle.end)
-        follower = handle.held_by
+        follower, handle.held_by = handle.held_by, None  # a kept handle keeps no later job
         if follower is not None and not follower.recycled:
             follower.held_events.append(events)
         else:
