@@ -179,9 +179,6 @@ def measure_gpu(rng, rows, machine):
         """Fills in row's rate alone and, at the interference sizes, beside each loop."""
         best, host = min(time_gpu(torch, stream, lambda: [c() for c in copies])
                          for _ in range(FLAGS.repeats))
-        if row["method"].startswith("auto"):
-            row = dict(row, chosen=copies[0]().path)  # what auto picked for this job
-            torch.cuda.synchronize()  # done before any loop's idle baseline starts
         rows.append(dict(row, seconds=best, submit_seconds=host))
         if kib not in FLAGS.interference_kib or row["method"] not in FLAGS.interference_methods:
             return
@@ -224,7 +221,11 @@ def measure_gpu(rng, rows, machine):
                                              method == "pages_staged")
                 else:
                     copy = functools.partial(methods[method], s, d, sizes, stream)
-                measure(dict(method=method, direction=direction, block_bytes=block), [copy], kib, stream)
+                row = dict(method=method, direction=direction, block_bytes=block)
+                if method.startswith("auto"):  # the candidate it takes for this job
+                    row["chosen"] = auto.chosen(s, d, sizes, stream, direction=direction, **UNCHECKED,
+                                                max_slowdown=None if method == "auto_fastest" else auto.MAX_SLOWDOWN)
+                measure(row, [copy], kib, stream)
         if FLAGS.both and len(jobs) == 2:
             # Stores and loads at once, on disjoint blocks (two halves of a fresh job).
             job = pages.job(rng, count)

@@ -11,6 +11,7 @@ from kvoffload.calibration import Calibration
 
 SIZES = calibration.SIZES
 BESIDE = calibration.BESIDE_SIZES
+RUNS = calibration.RUN_BYTES  # a job's host side in runs long enough for the staged copy
 
 
 def table(beside=None, slowdown=None, **rates):
@@ -18,9 +19,9 @@ def table(beside=None, slowdown=None, **rates):
     (absent entries at 1 GB/s), and each 'method direction' beside the model at the given
     GB/s and step slowdown per beside-size (absent: 1 GB/s, +50%)."""
     full = {f"{m} {d} {p}": [1.0] * len(SIZES)
-            for m in auto.METHODS for d in ("h2d", "d2h") for p in calibration.PATTERNS}
+            for m in calibration.CANDIDATES for d in ("h2d", "d2h") for p in calibration.PATTERNS}
     full.update({k.replace("__", " "): v for k, v in rates.items()})
-    pairs = [f"{m} {d}" for m in auto.METHODS for d in ("h2d", "d2h")]
+    pairs = [f"{m} {d}" for m in calibration.CANDIDATES for d in ("h2d", "d2h")]
     return Calibration("test machine", SIZES, full, BESIDE,
                        {k: (beside or {}).get(k, [1.0] * len(BESIDE)) for k in pairs},
                        {k: (slowdown or {}).get(k, [0.5] * len(BESIDE)) for k in pairs})
@@ -36,18 +37,58 @@ def test_alone_picks_the_fastest_method_at_the_job_size():
 
 def test_alone_staged_uses_the_host_runs_table_only_for_long_runs():
     cal = table(staged__d2h__host_runs=[40] * 6, staged__d2h__scattered=[3] * 6, batch__d2h__scattered=[20] * 6)
-    assert choose(cal, "d2h", 4096, calibration.RUN_BYTES, max_slowdown=None)[0] == "staged"
-    assert choose(cal, "d2h", 4096, calibration.RUN_BYTES - 1, max_slowdown=None)[0] == "batch"
+    assert choose(cal, "d2h", 4096, RUNS, max_slowdown=None)[0] == "staged"
+    assert choose(cal, "d2h", 4096, RUNS - 1, max_slowdown=None)[0] == "batch"
 
 
 def test_the_fastest_beside_the_model_within_the_slowdown_wins():
     cal = table(beside={"kernel h2d": [40, 45, 50], "staged h2d": [30, 44, 52], "batch h2d": [3, 40, 54]},
                 slowdown={"kernel h2d": [0.05, 0.04, 0.03], "staged h2d": [0.01, 0.01, 0.01],
                           "batch h2d": [0.0, 0.0, 0.0]})
-    assert choose(cal, "h2d", 4 << 10, 0)[0] == "staged"  # the kernel is faster but costs 5%
-    assert choose(cal, "h2d", 4 << 10, 0, max_slowdown=0.06)[0] == "kernel"
-    assert choose(cal, "h2d", 4 << 10, 0, max_slowdown=0.005)[0] == "batch"
-    assert choose(cal, "h2d", 2 << 20, 0) == ("batch", 54)
+    assert choose(cal, "h2d", 4 << 10, RUNS)[0] == "staged"  # the kernel is faster but costs 5%
+    assert choose(cal, "h2d", 4 << 10, RUNS, max_slowdown=0.06)[0] == "kernel"
+    assert choose(cal, "h2d", 4 << 10, RUNS, max_slowdown=0.005)[0] == "batch"
+    assert choose(cal, "h2d", 2 << 20, RUNS) == ("batch", 54)
+
+
+def test_the_kernel_on_fewer_ctas_wins_where_only_it_is_within_the_slowdown():
+    cal = table(beside={"kernel h2d": [37, 42, 41], "kernel_ctas2 h2d": [19, 20, 20], "staged h2d": [26, 29, 28]},
+                slowdown={"kernel h2d": [0.2, 0.24, 0.29], "kernel_ctas2 h2d": [0.016, 0.02, 0.03],
+                          "staged h2d": [0.095, 0.05, 0.017]})
+    assert choose(cal, "h2d", 4 << 10, 0) == ("kernel_ctas2", 19)
+    assert choose(cal, "h2d", 4 << 10, RUNS, max_slowdown=0.1)[0] == "staged"
+    assert choose(cal, "h2d", 4 << 10, 0, max_slowdown=0.1)[0] == "kernel_ctas2"  # staged: 1 GB/s scattered
+    assert choose(cal, "h2d", 2 << 20, RUNS)[0] == "staged"  # 2 CTAs cost 3% there
+
+
+def test_staged_is_predicted_at_no_more_than_its_scattered_rate_for_short_host_runs():
+    # Calibrated beside the model on host runs; a job scattered on the host side moves
+    # its slices by DMA of small copies, which its rate alone measures.
+    cal = table(staged__h2d__scattered=[4.5] * 6, staged__h2d__host_runs=[28] * 6,
+                beside={"staged h2d": [26] * 3, "batch h2d": [9] * 3},
+                slowdown={"staged h2d": [0.01] * 3, "batch h2d": [0.015] * 3})
+    assert choose(cal, "h2d", 4 << 10, RUNS) == ("staged", 26)
+    assert choose(cal, "h2d", 4 << 10, RUNS - 1) == ("batch", 9)
+    assert choose(cal, "h2d", 4 << 10, 0, max_slowdown=0.012) == ("staged", 4.5)
+
+
+def test_chosen_reads_the_job_size_and_host_runs_off_the_copies(monkeypatch):
+    cal = table(staged__d2h__scattered=[4.5] * 6, staged__d2h__host_runs=[28] * 6,
+                beside={"staged d2h": [26] * 3, "batch d2h": [9, 30, 50]},
+                slowdown={"staged d2h": [0.01] * 3, "batch d2h": [0.015] * 3})
+    monkeypatch.setattr(calibration, "calibration", lambda device: cal)
+    monkeypatch.setattr(auto, "stream_device", lambda stream: 0)
+    rng = np.random.default_rng(7)
+    gpu = (1 << 36) + rng.permutation(1 << 16).astype(np.int64) * 4096
+    runs = (1 << 40) + np.arange(1 << 16, dtype=np.int64) * 4096
+    scattered = (1 << 40) + rng.permutation(1 << 16).astype(np.int64) * 4096
+    sizes = np.full(1 << 16, 4096)
+    assert auto.chosen(gpu, runs, sizes, direction="d2h", registry=kv.UNCHECKED) == "staged"
+    assert auto.chosen(gpu, scattered, sizes, direction="d2h", registry=kv.UNCHECKED) == "batch"
+    assert auto.chosen(gpu, scattered, sizes * 16, direction="d2h", registry=kv.UNCHECKED,
+                       max_slowdown=0.012) == "staged"  # the only one within, however slow
+    with pytest.raises(ValueError, match="max_slowdown"):
+        auto.chosen(gpu, runs, sizes, direction="d2h", registry=kv.UNCHECKED, max_slowdown=float("nan"))
 
 
 def test_sizes_where_a_copy_stalled_beside_the_model_leave_its_slowdown_to_the_others():
@@ -61,9 +102,9 @@ def test_sizes_where_a_copy_stalled_beside_the_model_leave_its_slowdown_to_the_o
     for near_the_stall in (1 << 10, 4 << 10, 8 << 10, 16 << 10):  # 16 KiB: as near 4 KiB as 64
         assert cal.slowdown_of("batch", "h2d", near_the_stall) == float("inf")
     assert cal.slowdown_of("kernel", "d2h", 32 << 10) == float("inf")
-    assert choose(cal, "h2d", 32 << 10, 0) == ("batch", 52)
-    assert choose(cal, "h2d", 4 << 10, 0)[0] == "staged"  # where batch stalls it is not within
-    assert choose(cal, "h2d", 4 << 10, 0, max_slowdown=float("inf"))[0] == "staged"
+    assert choose(cal, "h2d", 32 << 10, RUNS) == ("batch", 52)
+    assert choose(cal, "h2d", 4 << 10, RUNS)[0] == "staged"  # where batch stalls it is not within
+    assert choose(cal, "h2d", 4 << 10, RUNS, max_slowdown=float("inf"))[0] == "staged"
     cal.slowdown = {k: [None] * 3 if k == "kernel d2h" else [0.3] * 3 for k in cal.slowdown}
     assert choose(cal, "d2h", 32 << 10, 0)[0] != "kernel"  # never measured: not the gentlest
 
@@ -77,8 +118,8 @@ def test_a_stall_between_measured_sizes_rules_out_only_the_sizes_nearest_it():
 
 
 def test_with_no_method_within_the_slowdown_the_gentlest_wins():
-    cal = table(slowdown={f"{m} d2h": [0.1 + i / 100] * 3 for i, m in enumerate(auto.METHODS)})
-    assert choose(cal, "d2h", 16 << 10, 0)[0] == auto.METHODS[0]
+    cal = table(slowdown={f"{m} d2h": [0.1 + i / 100] * 3 for i, m in enumerate(calibration.CANDIDATES)})
+    assert choose(cal, "d2h", 16 << 10, 0)[0] == next(iter(calibration.CANDIDATES))
 
 
 def test_sizes_outside_the_table_take_its_ends():

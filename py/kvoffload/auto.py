@@ -1,12 +1,13 @@
 """method="auto": picks per job among the raw-pointer copy methods (the per-copy loop,
-the driver's batch copy, the copy kernel and the staged copy) from the calibration of
-the stream's device (kvoffload.calibration).
+the driver's batch copy, the copy kernel on 8, 4 or 2 CTAs and the staged copy) from
+the calibration of the stream's device (kvoffload.calibration.CANDIDATES).
 
-A method's cost to a model running beside it is its calibrated step slowdown at the
-job's mean copy size; among the methods within ``max_slowdown`` the one fastest beside
-the model wins (log-interpolated in size). ``max_slowdown=None`` ignores the model and
-takes the fastest alone, the staged copy read off the host-runs table when the job's
-host side comes in runs of at least RUN_BYTES, the others off the scattered one.
+A candidate's cost to a model running beside it is its calibrated step slowdown at the
+job's mean copy size; among those within ``max_slowdown`` the one fastest beside the
+model wins (log-interpolated in size). ``max_slowdown=None`` ignores the model and takes
+the fastest alone. The staged copy is calibrated on host runs of RUN_BYTES: a job whose
+host side comes in shorter runs is predicted at no more than its rate alone with the
+host side scattered, which its DMA of small copies holds it to.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import numpy as np
 
 from kvoffload import calibration as calibrations
 from kvoffload.batch_copy import CopyResult, SrcAccessOrder, copy_arguments, stream_device
-from kvoffload.calibration import RUN_BYTES, Calibration
+from kvoffload.calibration import CANDIDATES, RUN_BYTES, Calibration
 from kvoffload.copy_methods import METHODS as METHOD_OBJECTS
 from kvoffload.copy_methods import CopyMethod, copy_method
 from kvoffload.vocabulary import Direction
 
-METHODS = tuple(METHOD_OBJECTS)  # the names the calibration measures, each with its defaults
+METHODS = tuple(METHOD_OBJECTS)  # the methods by name, each standing for its defaults
 MAX_SLOWDOWN = 0.02
 
 
@@ -38,20 +39,25 @@ def mean_host_run(host: np.ndarray, sizes: np.ndarray) -> float:
 def choose(cal: Calibration, direction: Direction | str, copy_bytes: float, host_run_bytes: float,
            max_slowdown: float | None = MAX_SLOWDOWN) -> tuple[str, float]:
     """(method, predicted GB/s) for a job. Where no method is within max_slowdown, the
-    one that slows the model least."""
+    one that slows the model least. The method is a name of calibration.CANDIDATES."""
+    def runs(method):
+        return CANDIDATES[method].name == "staged" and host_run_bytes >= RUN_BYTES
+
+    def alone(method):
+        return cal.rate(method, direction, "host_runs" if runs(method) else "scattered", copy_bytes)
+
     if max_slowdown is None:
-        def alone(method):
-            pattern = "host_runs" if method == "staged" and host_run_bytes >= RUN_BYTES else "scattered"
-            return cal.rate(method, direction, pattern, copy_bytes)
-        best = max(METHODS, key=alone)
+        best = max(CANDIDATES, key=alone)
         return best, alone(best)
-    slowdown = {m: cal.slowdown_of(m, direction, copy_bytes) for m in METHODS}
-    within = [m for m in METHODS if slowdown[m] <= max_slowdown and slowdown[m] != math.inf]
-    if not within:
-        best = min(METHODS, key=slowdown.get)
-    else:
-        best = max(within, key=lambda m: cal.rate_beside(m, direction, copy_bytes))
-    return best, cal.rate_beside(best, direction, copy_bytes)
+
+    def beside(method):
+        rate = cal.rate_beside(method, direction, copy_bytes)
+        return rate if runs(method) or CANDIDATES[method].name != "staged" else min(rate, alone(method))
+
+    slowdown = {m: cal.slowdown_of(m, direction, copy_bytes) for m in CANDIDATES}
+    within = [m for m in CANDIDATES if slowdown[m] <= max_slowdown and slowdown[m] != math.inf]
+    best = max(within, key=beside) if within else min(CANDIDATES, key=slowdown.get)
+    return best, beside(best)
 
 
 def copy(src, dst, sizes, stream=None, *, direction: Direction | str,
@@ -66,13 +72,27 @@ def copy(src, dst, sizes, stream=None, *, direction: Direction | str,
     ``registry``: as for kvoffload.batch_copy.
     """
     direction = Direction.parse(direction, "direction")
+    _check_max_slowdown(max_slowdown)
+    if method == "auto":
+        method = CANDIDATES[chosen(src, dst, sizes, stream, direction=direction, max_slowdown=max_slowdown,
+                                   registry=registry)]
+    return copy_method(method)(src, dst, sizes, stream, direction=direction, order=order, registry=registry)
+
+
+def chosen(src, dst, sizes, stream=None, *, direction: Direction | str,
+           max_slowdown: float | None = MAX_SLOWDOWN, registry) -> str:
+    """The name of the candidate (calibration.CANDIDATES) that copy(..., method="auto")
+    takes for these copies."""
+    direction = Direction.parse(direction, "direction")
+    _check_max_slowdown(max_slowdown)
+    # Arguments before the device is asked, as each method checks them: the same error.
+    _, src, dst, sizes = copy_arguments(registry, src, dst, sizes)
+    cal = calibrations.calibration(stream_device(stream))
+    host = direction.host_of(src, dst)
+    mean = float(sizes.mean()) if len(sizes) else 0.0
+    return choose(cal, direction, mean, mean_host_run(host, sizes), max_slowdown)[0]
+
+
+def _check_max_slowdown(max_slowdown) -> None:
     if max_slowdown is not None and not max_slowdown >= 0:
         raise ValueError(f"max_slowdown: must be >= 0 or None, got {max_slowdown!r}")
-    if method == "auto":
-        # Arguments before the device is asked, as each method checks them: the same error.
-        _, src, dst, sizes = copy_arguments(registry, src, dst, sizes)
-        cal = calibrations.calibration(stream_device(stream))
-        host = direction.host_of(src, dst)
-        mean = float(sizes.mean()) if len(sizes) else 0.0
-        method, _ = choose(cal, direction, mean, mean_host_run(host, sizes), max_slowdown)
-    return copy_method(method)(src, dst, sizes, stream, direction=direction, order=order, registry=registry)

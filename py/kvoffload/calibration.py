@@ -1,6 +1,7 @@
 """What each raw-pointer copy method achieves on this machine, alone and beside a model.
 
-For every method (kvoffload.copy_methods.METHODS), direction and block size (4 KiB to 2 MiB) it
+For every candidate (each method of kvoffload.copy_methods.METHODS with its defaults, and
+the copy kernel on fewer CTAs), direction and block size (4 KiB to 2 MiB) it
 times the method alone, with the host side scattered and in runs; at a few sizes it
 also runs the method beside the Llama-shaped layer loop of kvoffload.compute_loop and
 records its rate there and the loop's step slowdown. Measured on the device it
@@ -30,15 +31,19 @@ import time
 import numpy as np
 
 from kvoffload.batch_copy import NoCudaDeviceError
-from kvoffload.copy_methods import METHODS
+from kvoffload.copy_methods import METHODS, CopyMethod, Kernel
 from kvoffload.registry import UNCHECKED
 from kvoffload.vocabulary import Direction
 
+# What auto chooses among, by name: the copy kernel on 2 or 4 CTAs moves less alone
+# than on its default 8 but costs a model beside it much less.
+CANDIDATES: dict[str, CopyMethod] = {**METHODS, "kernel_ctas2": Kernel(max_ctas=2),
+                                     "kernel_ctas4": Kernel(max_ctas=4)}
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20]
 BESIDE_SIZES = [4 << 10, 64 << 10, 2 << 20]
 PATTERNS = ("scattered", "host_runs")
 RUN_BYTES = 256 << 10
-FORMAT = 3  # entries of another format are measured again
+FORMAT = 4  # entries of another format are measured again
 
 
 def path() -> pathlib.Path:
@@ -124,7 +129,7 @@ def _offsets(rng, pool, block, n, pattern):
 
 
 def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bool = True) -> Calibration:
-    """Times every method on ``device``; some seconds alone, about a minute beside."""
+    """Times every candidate on ``device``; some seconds alone, about a minute beside."""
     import torch
 
     from kvoffload import compute_loop
@@ -142,7 +147,7 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
             s, d = direction.ends(h, g)
             sizes = np.full(n, block, dtype=np.int64)
             # Addresses made above inside its own buffers.
-            run = METHODS[method]
+            run = CANDIDATES[method]
             return lambda: run(s, d, sizes, stream, direction=direction, registry=UNCHECKED)
 
         def seconds(copy):
@@ -166,17 +171,17 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
         cal = Calibration(device_key(device), SIZES, {}, BESIDE_SIZES if beside else [])
         for pattern in PATTERNS:
             for direction in Direction:
-                for method in METHODS:
+                for method in CANDIDATES:
                     cal.rates[f"{method} {direction.short} {pattern}"] = [
                         moved / min(seconds(copies(method, direction, b, pattern)) for _ in range(2)) / 1e9
                         for b in SIZES]
         if beside:
             loop = compute_loop.ComputeLoop(torch, "model", f"cuda:{device}")
             for direction in Direction:
-                for method in METHODS:
+                for method in CANDIDATES:
                     rates, slowdowns = [], []
                     for block in BESIDE_SIZES:
-                        pattern = "host_runs" if method == "staged" else "scattered"
+                        pattern = "host_runs" if CANDIDATES[method].name == "staged" else "scattered"
                         copy = copies(method, direction, block, pattern)
                         alone = stream_seconds(copy)
                         # Enough copies back to back that whole compute steps lie inside.
