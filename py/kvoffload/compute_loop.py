@@ -8,9 +8,11 @@ a whole loop in microseconds:
 
 The loop covers the whole copy window; the copies start after some warm-up steps (clocks
 have fallen by then) and go back to back with no host sync. The loop is enqueued from a
-thread of its own: the driver's launch queue holds about 70 of the model's steps (190
-ms on the H200), so a longer loop enqueued first would block the host until its last
-steps, and copies enqueued after it would find no loop left to run beside.
+thread of its own that stays AHEAD steps ahead of the GPU: the driver's launch queue
+holds about 70 of the model's steps (190 ms on the H200), so a longer loop enqueued
+first blocked the host until its last steps, and copies enqueued after it found no loop
+left to run beside; and a thread blocked in a full launch queue slows every other
+driver call of the process (host-bound copies enqueued five times slower).
 GB/s is taken over the copies' own window, from events on their stream. Step time is
 the mean of the steps whose events lie inside that window, against the same steps of the
 same sustained loop run beside an idle stream in this process, just before and just
@@ -24,6 +26,7 @@ import threading
 
 WORKLOADS = ("model", "gemm")
 WARM_STEPS = {"model": 20, "gemm": 60}
+AHEAD = 32  # steps the loop's thread enqueues ahead of the GPU, well inside the launch queue
 
 
 def _model_step(torch, device):
@@ -90,37 +93,44 @@ class ComputeLoop:
         self.step_seconds = self._steps(5)[-1]
 
     def _enqueue(self, steps: int):
-        events = [self.torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-        with self.torch.cuda.stream(self.stream):
-            for i in range(steps):
-                events[i].record(self.stream)
-                self.graph.replay()
-            events[steps].record(self.stream)
+        events = self._events(steps)
+        self._replay(events, ahead=steps)
         return events
 
+    def _events(self, steps: int):
+        return [self.torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+
+    def _replay(self, events, ahead: int, warm: int = 0, warmed=None):
+        """A step between each two events, at most ``ahead`` steps ahead of the GPU;
+        ``warmed.set()`` once the event before step ``warm`` is recorded."""
+        torch = self.torch
+        with torch.cuda.device(self.stream.device), torch.cuda.stream(self.stream):
+            for i in range(len(events) - 1):
+                if i >= ahead:
+                    events[i - ahead].synchronize()
+                events[i].record(self.stream)
+                if warmed is not None and i == warm:
+                    warmed.set()
+                self.graph.replay()
+            events[-1].record(self.stream)
+
     def _enqueue_behind(self, steps: int, warm: int):
-        """Enqueues the loop on a thread of its own; returns its events, once the first
-        ``warm + 1`` are recorded, and a join() that raises what the thread raised."""
-        events = [self.torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-        recorded, failure = threading.Event(), []
+        """Enqueues the loop on a thread of its own, AHEAD steps ahead of the GPU; returns
+        its events, once the first ``warm + 1`` are recorded, and a join() that raises
+        what the thread raised."""
+        events, warmed, failure = self._events(steps), threading.Event(), []
 
         def enqueue():
             try:
-                with self.torch.cuda.device(self.stream.device), self.torch.cuda.stream(self.stream):
-                    for i in range(steps):
-                        events[i].record(self.stream)
-                        if i == warm:
-                            recorded.set()
-                        self.graph.replay()
-                    events[steps].record(self.stream)
+                self._replay(events, AHEAD, warm, warmed)
             except BaseException as e:  # noqa: BLE001 - raised again by join()
                 failure.append(e)
             finally:
-                recorded.set()
+                warmed.set()
 
         thread = threading.Thread(target=enqueue, name="kvoffload compute loop", daemon=True)
         thread.start()
-        recorded.wait()
+        warmed.wait()
 
         def join():
             thread.join()
