@@ -50,6 +50,7 @@ def test_copies_longer_than_the_launch_queue_holds_of_the_loop_are_covered(loop)
     got = loop.beside(stream, enqueue, moved, alone)
     assert got is not None, "the loop did not cover the copies"
     assert got.steps_in_window >= 0.5 * alone / loop.step_seconds
+    assert got.dry_steps <= 0.02 * got.steps_in_window  # the loop's thread kept ahead of the GPU
     assert 0.2 * moved / alone / 1e9 < got.gb_per_s < 5 * moved / alone / 1e9
     torch.cuda.synchronize()
     assert torch.equal(dst, src)  # every copy ran, once the loop had gone

@@ -12,7 +12,11 @@ thread of its own that stays AHEAD steps ahead of the GPU: the driver's launch q
 holds about 70 of the model's steps (190 ms on the H200), so a longer loop enqueued
 first blocked the host until its last steps, and copies enqueued after it found no loop
 left to run beside; and a thread blocked in a full launch queue slows every other
-driver call of the process (host-bound copies enqueued five times slower).
+driver call of the process (host-bound copies enqueued five times slower). While the
+copies are enqueued the interpreter switches threads every SWITCH_SECONDS (not 5 ms), so
+copies enqueued from Python do not starve the loop's thread of the GIL; steps are timed
+from an event before each to one after it, and a step that found the GPU idle (its
+thread fell behind) is counted in ``dry_steps``.
 GB/s is taken over the copies' own window, from events on their stream. Step time is
 the mean of the steps whose events lie inside that window, against the same steps of the
 same sustained loop run beside an idle stream in this process, just before and just
@@ -22,11 +26,14 @@ after (their mean; their difference is reported as the measurement's drift).
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 
 WORKLOADS = ("model", "gemm")
 WARM_STEPS = {"model": 20, "gemm": 60}
 AHEAD = 32  # steps the loop's thread enqueues ahead of the GPU, well inside the launch queue
+SWITCH_SECONDS = 5e-4
+DRY_SECONDS = 50e-6  # an idle gap before a step longer than this: the loop ran dry
 
 
 def _model_step(torch, device):
@@ -68,6 +75,12 @@ class Beside:
     step_seconds: float
     idle_step_seconds: float
     idle_drift: float  # the idle loop after over before, minus 1: this measurement's noise
+    dry_steps: int  # steps in the window that found the GPU idle: their time was the copies' alone
+
+    def summary(self) -> str:
+        dry = f" ({self.dry_steps} after the loop ran dry)" if self.dry_steps else ""
+        return (f"{self.gb_per_s:6.1f} GB/s, step slowdown {self.step_slowdown:+.1%} over "
+                f"{self.steps_in_window} steps{dry}")
 
 
 class WindowTooShort(RuntimeError):
@@ -98,21 +111,22 @@ class ComputeLoop:
         return events
 
     def _events(self, steps: int):
-        return [self.torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+        """Per step, an event before it and one after it."""
+        return [tuple(self.torch.cuda.Event(enable_timing=True) for _ in range(2)) for _ in range(steps)]
 
     def _replay(self, events, ahead: int, warm: int = 0, warmed=None):
-        """A step between each two events, at most ``ahead`` steps ahead of the GPU;
+        """The steps between their events, at most ``ahead`` steps ahead of the GPU;
         ``warmed.set()`` once the event before step ``warm`` is recorded."""
         torch = self.torch
         with torch.cuda.device(self.stream.device), torch.cuda.stream(self.stream):
-            for i in range(len(events) - 1):
+            for i, (before, after) in enumerate(events):
                 if i >= ahead:
-                    events[i - ahead].synchronize()
-                events[i].record(self.stream)
+                    events[i - ahead][1].synchronize()
+                before.record(self.stream)
                 if warmed is not None and i == warm:
                     warmed.set()
                 self.graph.replay()
-            events[-1].record(self.stream)
+                after.record(self.stream)
 
     def _enqueue_behind(self, steps: int, warm: int):
         """Enqueues the loop on a thread of its own, AHEAD steps ahead of the GPU; returns
@@ -140,8 +154,8 @@ class ComputeLoop:
 
     def _steps(self, steps: int) -> list[float]:
         events = self._enqueue(steps)
-        events[-1].synchronize()
-        return [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+        events[-1][1].synchronize()
+        return [before.elapsed_time(after) / 1e3 for before, after in events]
 
     def beside(self, copy_stream, enqueue_copies, moved_bytes: int,
                expected_seconds: float) -> Beside | None:
@@ -156,30 +170,36 @@ class ComputeLoop:
             # drift of clocks between runs.
             idle_before = self._steps(steps)
             torch.cuda.synchronize()
-            events, join = self._enqueue_behind(steps, warm)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            switch = sys.getswitchinterval()
+            sys.setswitchinterval(SWITCH_SECONDS)
             try:
-                copy_stream.wait_event(events[warm])
-                start.record(copy_stream)
-                enqueue_copies()
-                end.record(copy_stream)
+                events, join = self._enqueue_behind(steps, warm)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                try:
+                    copy_stream.wait_event(events[warm][0])
+                    start.record(copy_stream)
+                    enqueue_copies()
+                    end.record(copy_stream)
+                finally:
+                    join()
             finally:
-                join()
+                sys.setswitchinterval(switch)
             torch.cuda.synchronize()
-            if events[-1].elapsed_time(end) <= 0:  # the loop outlasted the copies
+            if events[-1][1].elapsed_time(end) <= 0:  # the loop outlasted the copies
                 break
         else:
             return None  # the copies outlasted 20 times their time alone
         idle_after = self._steps(steps)
         window = start.elapsed_time(end) / 1e3
-        inside = [i for i in range(steps)
-                  if start.elapsed_time(events[i]) >= 0 and events[i + 1].elapsed_time(end) >= 0]
+        inside = [i for i, (before, after) in enumerate(events)
+                  if start.elapsed_time(before) >= 0 and after.elapsed_time(end) >= 0]
         if not inside:
             raise WindowTooShort(f"no compute step lies inside the copy window of {window * 1e3:.2f} ms "
                                  f"(a step takes {self.step_seconds * 1e3:.2f} ms); move more bytes")
-        times = [events[i].elapsed_time(events[i + 1]) / 1e3 for i in inside]
+        times = [events[i][0].elapsed_time(events[i][1]) / 1e3 for i in inside]
+        dry = sum(1 for i in inside if i > 0 and events[i - 1][1].elapsed_time(events[i][0]) / 1e3 > DRY_SECONDS)
         idle_times = [(idle_before[i] + idle_after[i]) / 2 for i in inside]
         step, idle_step = sum(times) / len(times), sum(idle_times) / len(idle_times)
         drift = (sum(idle_after[i] for i in inside) - sum(idle_before[i] for i in inside)) / sum(idle_times)
         return Beside(moved_bytes / window / 1e9, step / idle_step - 1, len(inside), step, idle_step,
-                      drift)
+                      drift, dry)
