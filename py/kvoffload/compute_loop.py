@@ -11,8 +11,9 @@ have fallen by then) and go back to back with no host sync. The loop is enqueued
 thread of its own that stays AHEAD steps ahead of the GPU: the driver's launch queue
 holds about 70 of the model's steps (190 ms on the H200), so a longer loop enqueued
 first blocked the host until its last steps, and copies enqueued after it found no loop
-left to run beside; and a thread blocked in a full launch queue slows every other
-driver call of the process (host-bound copies enqueued five times slower). While the
+left to run beside; and a thread blocked in a full launch queue, or waiting on an event
+inside the driver, slows every other driver call of the process (host-bound copies were
+enqueued five times slower), so the thread polls. While the
 copies are enqueued the interpreter switches threads every SWITCH_SECONDS (not 5 ms), so
 copies enqueued from Python do not starve the loop's thread of the GIL; steps are timed
 from an event before each to one after it, and a step that found the GPU idle (its
@@ -28,11 +29,13 @@ from __future__ import annotations
 import dataclasses
 import sys
 import threading
+import time
 
 WORKLOADS = ("model", "gemm")
 WARM_STEPS = {"model": 20, "gemm": 60}
 AHEAD = 32  # steps the loop's thread enqueues ahead of the GPU, well inside the launch queue
 SWITCH_SECONDS = 5e-4
+POLL_SECONDS = 2e-4
 DRY_SECONDS = 50e-6  # an idle gap before a step longer than this: the loop ran dry
 
 
@@ -83,6 +86,12 @@ class Beside:
                 f"{self.steps_in_window} steps{dry}")
 
 
+def _wait(event) -> None:
+    """Polls: a thread waiting inside the driver slows the process's other driver calls."""
+    while not event.query():
+        time.sleep(POLL_SECONDS)
+
+
 class WindowTooShort(RuntimeError):
     """The copies ended within one compute step."""
 
@@ -121,7 +130,7 @@ class ComputeLoop:
         with torch.cuda.device(self.stream.device), torch.cuda.stream(self.stream):
             for i, (before, after) in enumerate(events):
                 if i >= ahead:
-                    events[i - ahead][1].synchronize()
+                    _wait(events[i - ahead][1])
                 before.record(self.stream)
                 if warmed is not None and i == warm:
                     warmed.set()
