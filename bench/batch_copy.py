@@ -362,7 +362,7 @@ def print_table(all_rows):
             print(f"  {r['workload']:<6}{r['method']:<14}{r['direction']:<5}{r['block_bytes'] >> 10:>6} KiB "
                   f"{r['gb_per_s']:6.1f} {r['gb_per_s_beside']:6.1f} GB/s ({r['ratio_beside_to_bulk']:4.0%})"
                   f"  slowdown {r['step_slowdown']:+.1%} over {r['steps_in_window']} steps"
-                  f" (idle loop drift {r['idle_drift']:+.1%}{', ran dry before %d' % r['dry_steps'] if r['dry_steps'] else ''})")
+                  f" (idle loop drift {r['idle_drift']:+.1%}{', the loop ran dry %d times' % r['dry_steps'] if r['dry_steps'] else ''})")
     if beside:
         print_frontier(beside)
     submit = [r for r in rows if "submit_us_per_copy" in r and r["method"] != "bulk"]

@@ -7,17 +7,15 @@ a whole loop in microseconds:
 - ``gemm``: bf16 8192^3 matrix products, four per step.
 
 The loop covers the whole copy window; the copies start after some warm-up steps (clocks
-have fallen by then) and go back to back with no host sync. The loop is enqueued from a
-thread of its own that stays AHEAD steps ahead of the GPU: the driver's launch queue
-holds about 70 of the model's steps (190 ms on the H200), so a longer loop enqueued
-first blocked the host until its last steps, and copies enqueued after it found no loop
-left to run beside; and a thread blocked in a full launch queue, or waiting on an event
-inside the driver, slows every other driver call of the process (host-bound copies were
-enqueued five times slower), so the thread polls. While the
-copies are enqueued the interpreter switches threads every SWITCH_SECONDS (not 5 ms), so
-copies enqueued from Python do not starve the loop's thread of the GIL; steps are timed
-from an event before each to one after it, and a step that found the GPU idle (its
-thread fell behind) is counted in ``dry_steps``.
+have fallen by then) and go back to back with no host sync. The driver's launch queue
+holds about 70 of the model's steps (190 ms on the H200): a longer loop enqueued whole
+before the copies blocked the host until its last steps, so copies of more than that
+found no loop left to run beside. So the loop is enqueued AHEAD steps ahead of the GPU,
+polling (a thread waiting inside the driver slows the process's other driver calls):
+the warm-up and AHEAD steps more, then the copies, then the rest. Steps are timed from
+an event before each to one after it; a step that found the GPU idle inside the copy
+window (the copies' host enqueueing outlasted the steps ahead) is counted in
+``dry_steps``.
 GB/s is taken over the copies' own window, from events on their stream. Step time is
 the mean of the steps whose events lie inside that window, against the same steps of the
 same sustained loop run beside an idle stream in this process, just before and just
@@ -27,14 +25,11 @@ after (their mean; their difference is reported as the measurement's drift).
 from __future__ import annotations
 
 import dataclasses
-import sys
-import threading
 import time
 
 WORKLOADS = ("model", "gemm")
 WARM_STEPS = {"model": 20, "gemm": 60}
-AHEAD = 32  # steps the loop's thread enqueues ahead of the GPU, well inside the launch queue
-SWITCH_SECONDS = 5e-4
+AHEAD = 40  # steps enqueued ahead of the GPU, inside the launch queue
 POLL_SECONDS = 2e-4
 DRY_SECONDS = 50e-6  # an idle gap before a step longer than this: the loop ran dry
 
@@ -78,10 +73,10 @@ class Beside:
     step_seconds: float
     idle_step_seconds: float
     idle_drift: float  # the idle loop after over before, minus 1: this measurement's noise
-    dry_steps: int  # steps in the window that found the GPU idle: their time was the copies' alone
+    dry_steps: int  # steps that found the GPU idle in the window: there the copies ran alone
 
     def summary(self) -> str:
-        dry = f" ({self.dry_steps} after the loop ran dry)" if self.dry_steps else ""
+        dry = f", the loop ran dry {self.dry_steps} times" if self.dry_steps else ""
         return (f"{self.gb_per_s:6.1f} GB/s, step slowdown {self.step_slowdown:+.1%} over "
                 f"{self.steps_in_window} steps{dry}")
 
@@ -114,55 +109,25 @@ class ComputeLoop:
             step()
         self.step_seconds = self._steps(5)[-1]
 
-    def _enqueue(self, steps: int):
-        events = self._events(steps)
-        self._replay(events, ahead=steps)
-        return events
-
     def _events(self, steps: int):
         """Per step, an event before it and one after it."""
         return [tuple(self.torch.cuda.Event(enable_timing=True) for _ in range(2)) for _ in range(steps)]
 
-    def _replay(self, events, ahead: int, warm: int = 0, warmed=None):
-        """The steps between their events, at most ``ahead`` steps ahead of the GPU;
-        ``warmed.set()`` once the event before step ``warm`` is recorded."""
+    def _replay(self, events, first: int, stop: int, ahead: int = AHEAD):
+        """Steps [first, stop), each between its events, at most ``ahead`` ahead of the GPU."""
         torch = self.torch
         with torch.cuda.device(self.stream.device), torch.cuda.stream(self.stream):
-            for i, (before, after) in enumerate(events):
+            for i in range(first, stop):
                 if i >= ahead:
                     _wait(events[i - ahead][1])
+                before, after = events[i]
                 before.record(self.stream)
-                if warmed is not None and i == warm:
-                    warmed.set()
                 self.graph.replay()
                 after.record(self.stream)
 
-    def _enqueue_behind(self, steps: int, warm: int):
-        """Enqueues the loop on a thread of its own, AHEAD steps ahead of the GPU; returns
-        its events, once the first ``warm + 1`` are recorded, and a join() that raises
-        what the thread raised."""
-        events, warmed, failure = self._events(steps), threading.Event(), []
-
-        def enqueue():
-            try:
-                self._replay(events, AHEAD, warm, warmed)
-            except BaseException as e:  # noqa: BLE001 - raised again by join()
-                failure.append(e)
-            finally:
-                warmed.set()
-
-        thread = threading.Thread(target=enqueue, name="kvoffload compute loop", daemon=True)
-        thread.start()
-        warmed.wait()
-
-        def join():
-            thread.join()
-            if failure:
-                raise failure[0]
-        return events, join
-
     def _steps(self, steps: int) -> list[float]:
-        events = self._enqueue(steps)
+        events = self._events(steps)
+        self._replay(events, 0, steps, ahead=steps)
         events[-1][1].synchronize()
         return [before.elapsed_time(after) / 1e3 for before, after in events]
 
@@ -179,20 +144,17 @@ class ComputeLoop:
             # drift of clocks between runs.
             idle_before = self._steps(steps)
             torch.cuda.synchronize()
-            switch = sys.getswitchinterval()
-            sys.setswitchinterval(SWITCH_SECONDS)
+            events = self._events(steps)
+            head = min(steps, warm + AHEAD)
+            self._replay(events, 0, head)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            copy_stream.wait_event(events[warm][0])
+            start.record(copy_stream)
             try:
-                events, join = self._enqueue_behind(steps, warm)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                try:
-                    copy_stream.wait_event(events[warm][0])
-                    start.record(copy_stream)
-                    enqueue_copies()
-                    end.record(copy_stream)
-                finally:
-                    join()
+                enqueue_copies()
             finally:
-                sys.setswitchinterval(switch)
+                end.record(copy_stream)
+                self._replay(events, head, steps)
             torch.cuda.synchronize()
             if events[-1][1].elapsed_time(end) <= 0:  # the loop outlasted the copies
                 break
@@ -206,7 +168,9 @@ class ComputeLoop:
             raise WindowTooShort(f"no compute step lies inside the copy window of {window * 1e3:.2f} ms "
                                  f"(a step takes {self.step_seconds * 1e3:.2f} ms); move more bytes")
         times = [events[i][0].elapsed_time(events[i][1]) / 1e3 for i in inside]
-        dry = sum(1 for i in inside if i > 0 and events[i - 1][1].elapsed_time(events[i][0]) / 1e3 > DRY_SECONDS)
+        dry = sum(1 for (_, after), (before, _) in zip(events, events[1:])  # idle gaps in the window
+                  if after.elapsed_time(before) / 1e3 > DRY_SECONDS
+                  and start.elapsed_time(before) > 0 and after.elapsed_time(end) > 0)
         idle_times = [(idle_before[i] + idle_after[i]) / 2 for i in inside]
         step, idle_step = sum(times) / len(times), sum(idle_times) / len(idle_times)
         drift = (sum(idle_after[i] for i in inside) - sum(idle_before[i] for i in inside)) / sum(idle_times)
