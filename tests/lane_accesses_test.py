@@ -20,12 +20,14 @@ def keys_of(gpu, cpu):
 @settings(max_examples=200, deadline=None)
 @given(st.integers(0, 2**32 - 1))
 def test_touching_and_first_failed_match_a_dict_model(seed):
-    # As the handler uses them: a lane's jobs retire oldest first, a job's failure is
-    # known when it retires, and keys are kept from the first failure on.
+    # As the handler uses them: a lane's jobs retire oldest first, and a job's failure is
+    # known when it retires. The model keeps every job's keys; a failed job counts for
+    # as long as it is the last of its lane to touch a key of the side it wrote.
     rng = np.random.default_rng(seed)
     sizes = {"gpu": int(rng.integers(1, 60)), "cpu": int(rng.integers(1, 60))}
     accesses, model, failed = LaneAccesses(sizes["gpu"], sizes["cpu"]), {}, {}
     in_flight = {lane: [] for lane in LANES}
+    wrote = {lane: SIDES[i % 2] for i, lane in enumerate(LANES)}
 
     def keys(side):
         return rng.permutation(sizes[side])[: rng.integers(0, sizes[side] + 1)].astype(np.int64)
@@ -44,38 +46,94 @@ def test_touching_and_first_failed_match_a_dict_model(seed):
                 done = in_flight[lane].pop(0)
                 if rng.random() < 0.15:
                     failed[done] = f"job {done}"
-                accesses.retire(lane, done, keep=bool(failed))
+                    accesses.fail(lane, done, failed[done], wrote[lane])
+                accesses.retire(lane, done)
+                if rng.random() < 0.1:
+                    accesses.retire(lane, done)  # again (after an interrupt): a no-op
         lane, side = LANES[rng.integers(len(LANES))], SIDES[rng.integers(2)]
         oldest = in_flight[lane][0] if in_flight[lane] else seq + 1
         asked, since = keys(side), int(rng.integers(oldest, seq + 2))
         last = [model.get((lane, side, k), 0) for k in asked.tolist()]
         want = sorted({s for s in last if s >= since})
         assert accesses.touching(lane, side, asked, since).tolist() == want
-        failed_last = {failed[s] for s in last if s in failed}
-        got = accesses.first_failed(lane, side, asked, failed)
+        retired = lambda s: not in_flight[lane] or s < in_flight[lane][0]
+        failed_last = {failed[s] for s in last if s in failed and retired(s)} if side == wrote[lane] else set()
+        got = accesses.first_failed(lane, side, asked)
         assert (got in failed_last) if failed_last else got is None
+        if failed_last:
+            assert accesses.has_failed(lane)
+    for lane in LANES:  # once every job is done, remembered exactly when still last
+        if in_flight[lane]:
+            accesses.retire(lane, in_flight[lane][-1])
+        still = {s for (ln, sd, _), s in model.items() if ln == lane and sd == wrote[lane] and s in failed}
+        assert accesses.has_failed(lane) == bool(still)
 
 
-def test_jobs_are_written_only_when_another_lane_asks_or_kept_at_retirement():
+def test_jobs_are_written_only_when_another_lane_asks_or_a_failure_is_remembered():
     accesses = LaneAccesses(8, 8)
     accesses.record("store", keys_of(np.arange(4), np.arange(4)), 1)
-    accesses.retire("store", 1, keep=False)  # done before anyone asked: never written
+    accesses.retire("store", 1)  # done before anyone asked: never written
     accesses.record("store", keys_of(np.arange(2), np.arange(2)), 2)
     assert accesses.touching("store", "gpu", np.arange(8), 1).tolist() == [2]
-    accesses.retire("store", 2, keep=False)
+    accesses.retire("store", 2)
     accesses.record("store", keys_of(np.arange(2, 6), np.arange(2, 6)), 3)
-    accesses.retire("store", 3, keep=True)
-    accesses.retire("store", 3, keep=True)  # again: a no-op
+    accesses.fail("store", 3, "c", "cpu")
+    assert accesses.first_failed("store", "cpu", np.arange(8)) is None  # not retired yet
+    accesses.retire("store", 3)
+    accesses.retire("store", 3)  # again: a no-op
     assert accesses.touching("store", "gpu", np.arange(8), 1).tolist() == [2, 3]
-    assert accesses.first_failed("store", "cpu", np.arange(8), {3: "c"}) == "c"
+    assert accesses.first_failed("store", "cpu", np.arange(8)) == "c"
+    assert accesses.first_failed("store", "gpu", np.arange(8)) is None  # it wrote CPU sub-blocks
+
+
+def test_a_failure_is_forgotten_once_its_lane_wrote_everything_it_wrote_again():
+    made = []
+    accesses = LaneAccesses(8, 8)
+
+    def record(seq, cpu, failed=False):
+        accesses.record("store", LazyKeys(lambda: made.append(seq) or (np.arange(8), np.asarray(cpu))), seq)
+        if failed:
+            accesses.fail("store", seq, f"job {seq}", "cpu")
+        accesses.retire("store", seq)
+
+    record(1, [0, 1, 2, 3], failed=True)
+    record(2, [0, 1])  # rewrites half
+    assert accesses.has_failed("store") and accesses.first_failed("store", "cpu", np.arange(2)) is None
+    assert accesses.first_failed("store", "cpu", np.arange(3)) == "job 1"
+    record(3, [2, 3, 4], failed=True)  # rewrites the rest, failing too
+    assert accesses.first_failed("store", "cpu", np.arange(2, 4)) == "job 3"
+    assert accesses.first_failed("store", "cpu", np.arange(2)) is None
+    record(4, [2, 3, 4, 5])
+    assert not accesses.has_failed("store") and accesses.first_failed("store", "cpu", np.arange(8)) is None
+    assert made == [1, 2, 3, 4]
+    record(5, [0])  # nothing failed is remembered: not written
+    assert made == [1, 2, 3, 4]
+
+
+def test_a_failure_rewritten_by_a_job_in_flight_is_forgotten_when_the_next_job_retires():
+    # The job in flight is in the table once someone asked; a load of those keys waits
+    # for it as the latest writer, and fails with it if it fails.
+    accesses = LaneAccesses(8, 8)
+    accesses.record("store", keys_of([], [0, 1]), 1)
+    accesses.record("store", keys_of([], [0, 1]), 2)
+    accesses.record("store", keys_of([], [7]), 3)
+    accesses.fail("store", 1, "job 1", "cpu")
+    accesses.retire("store", 1)
+    assert accesses.first_failed("store", "cpu", np.arange(2)) is None  # 2 wrote them since
+    assert accesses.touching("store", "cpu", np.arange(2), 2).tolist() == [2]
+    accesses.retire("store", 2)
+    assert not accesses.has_failed("store")
 
 
 def test_a_lane_never_recorded_touches_nothing():
     accesses = LaneAccesses(8, 8)
     accesses.record("store", keys_of(np.arange(3), np.arange(4)), 1)
     assert accesses.touching("load", "gpu", np.arange(8), 0).size == 0
-    assert accesses.first_failed("load", "cpu", np.arange(8), {1: "a"}) is None
-    assert accesses.first_failed("store", "cpu", np.arange(8), {1: "a"}) == "a"
+    assert accesses.first_failed("load", "cpu", np.arange(8)) is None
+    accesses.fail("store", 1, "a", "cpu")
+    accesses.retire("store", 1)
+    assert accesses.first_failed("load", "cpu", np.arange(8)) is None
+    assert accesses.first_failed("store", "cpu", np.arange(8)) == "a"
 
 
 def test_keys_are_made_only_when_written():
@@ -83,7 +141,7 @@ def test_keys_are_made_only_when_written():
     accesses = LaneAccesses(8, 8)
     for seq in (1, 2):
         accesses.record("store", LazyKeys(lambda seq=seq: made.append(seq) or (np.arange(seq), np.arange(seq))), seq)
-    accesses.retire("store", 1, keep=False)
+    accesses.retire("store", 1)
     assert made == []
     assert accesses.touching("store", "gpu", np.arange(8), 1).tolist() == [2]
     assert accesses.touching("store", "cpu", np.arange(8), 1).tolist() == [2]

@@ -236,7 +236,6 @@ class OffloadHandler:
         # offsets, so their keys name whole chunks.
         self._chunk_keyed = chunk_keyed_groups(self.layout)
         self._unstarted: _Job | None = None  # see _start_unstarted
-        self._failed_stores: dict[int, Hashable] = {}  # sequence number -> job id
         self._submitted = 0
         self._ids: set = set()  # every job id ever submitted, for wait()
         self._finished: dict[Hashable, TransferResult] = {}  # not yet collected
@@ -287,8 +286,8 @@ class OffloadHandler:
     def _submit(self, job: _Job, plan, prepared) -> bool:
         direction = job.direction
         load = direction is Direction.LOAD
-        failed = self._accesses.first_failed(Direction.STORE.value, "cpu", job.keys()[1], self._failed_stores) \
-            if load and self._failed_stores else None
+        failed = self._accesses.first_failed(Direction.STORE.value, "cpu", job.keys()[1]) \
+            if load and self._accesses.has_failed(Direction.STORE.value) else None
         partial = [] if failed is None else [failed]
         seq = self._submitted + 1
         deferred = self._pages is not None  # see self._conflicts
@@ -437,8 +436,7 @@ class OffloadHandler:
                 seconds, error = self._lanes.result(job.handle)
                 if error is not None:
                     self._note_failure(job)
-                # A store's keys outlive it once any store failed: first_failed reads them.
-                self._accesses.retire(job.lane, job.seq, keep=job.writes_cpu and bool(self._failed_stores))
+                self._accesses.retire(job.lane, job.seq)
                 self._finished[job.job_id] = TransferResult(
                     job.job_id, error is None, job.direction, job.bytes, seconds, error)
                 jobs.popleft()
@@ -450,7 +448,7 @@ class OffloadHandler:
 
     def _note_failure(self, job: _Job) -> None:
         if job.writes_cpu:
-            self._failed_stores[job.seq] = job.job_id
+            self._accesses.fail(job.lane, job.seq, job.job_id, "cpu")
 
     def _check_open(self) -> None:
         if self._closed or self._closing:

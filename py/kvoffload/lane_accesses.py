@@ -8,7 +8,11 @@ indexed by the flat numbering of PageTable.keys; job numbers start at 1.
 A job's keys reach its lane's tables only when another lane asks about that lane while
 the job is in flight, or when it retires and its keys must outlive it (first_failed).
 Most jobs run while no other lane asks: they are never written, and their submission
-costs nothing here."""
+costs nothing here.
+
+A job that failed (fail()) is remembered from its retirement on, for first_failed, until
+later jobs of its lane have written again every key it wrote; until then every job of
+its lane that retires is written, and once none is left, writing stops again."""
 
 from __future__ import annotations
 
@@ -39,38 +43,69 @@ class LaneAccesses:
     def __init__(self, gpu_keys: int, cpu_keys: int):
         self._sizes = {"gpu": gpu_keys, "cpu": cpu_keys}
         self._tables: dict[tuple[str, str], np.ndarray] = {}  # (lane, side), made on first use
-        # Per lane, (seq, keys) of jobs recorded but not yet written, oldest first.
-        self._pending: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+        # Per lane, [seq, keys, written] of the jobs recorded and not retired, oldest first.
+        self._jobs: dict[str, collections.deque] = collections.defaultdict(collections.deque)
         self._noted: dict[str, int] = collections.defaultdict(int)  # per lane, the last seq recorded
+        # Per lane, seq -> (what, side written) of failed jobs not yet retired.
+        self._failing: dict[str, dict] = collections.defaultdict(dict)
+        # Per lane, seq -> (what, side written, keys) of the retired failed jobs still last
+        # to touch a key of the side they wrote.
+        self._failed: dict[str, dict] = collections.defaultdict(dict)
 
     def record(self, lane: str, keys, seq: int) -> None:
         """Job number ``seq`` of ``lane`` touches the keys ``keys()`` returns as (gpu,
         cpu) arrays (a LazyKeys: asked for only when they are written, and kept until
-        then). Numbers rise per lane; recording one again is a no-op."""
+        the job retires). Numbers rise per lane; recording one again is a no-op."""
         if seq > self._noted[lane]:
             self._noted[lane] = seq
-            self._pending[lane].append((seq, keys))
+            self._jobs[lane].append([seq, keys, False])
 
-    def retire(self, lane: str, seq: int, keep: bool) -> None:
-        """Job ``seq`` of ``lane`` and every earlier one of it are done. keep: its keys
-        still matter (a later first_failed may ask about them), so they are written;
-        else they are dropped (touching never asks about jobs that are done). Again for
-        the same job, a no-op."""
-        pending = self._pending[lane]
-        while pending and pending[0][0] <= seq:
-            if keep and pending[0][0] == seq:
-                self._write(lane, *pending[0])
-            pending.popleft()
+    def fail(self, lane: str, seq: int, what: Hashable, wrote: str) -> None:
+        """Job ``seq`` of ``lane``, not yet retired, failed partway through writing the
+        keys of side ``wrote``: first_failed names ``what`` for those it touched last."""
+        self._failing[lane][seq] = (what, wrote)
+
+    def has_failed(self, lane: str) -> bool:
+        """Whether first_failed may find a failed job of ``lane``."""
+        return bool(self._failed[lane])
+
+    def retire(self, lane: str, seq: int) -> None:
+        """Job ``seq`` of ``lane`` and every earlier one of it are done. While the lane
+        has failed jobs (this one included), their keys are written, since a later
+        first_failed may ask about them; else they are dropped (touching never asks
+        about jobs that are done). Again for the same job, a no-op."""
+        jobs, failing, failed = self._jobs[lane], self._failing[lane], self._failed[lane]
+        while jobs and jobs[0][0] <= seq:
+            entry = jobs[0]
+            failure = failing.get(entry[0])
+            if (failed or failure is not None) and not entry[2]:
+                self._write(lane, entry[0], entry[1])
+                entry[2] = True
+            if failure is not None:
+                failed[entry[0]] = (*failure, entry[1])
+            jobs.popleft()
+            failing.pop(entry[0], None)
+        if failed:
+            self._forget_rewritten(lane)
+
+    def _forget_rewritten(self, lane: str) -> None:
+        """Forgets the lane's failed jobs that are no longer the last to touch any key of
+        the side they wrote."""
+        failed = self._failed[lane]
+        for seq, (_, side, keys) in list(failed.items()):
+            table, touched = self._tables[lane, side], keys()[SIDES.index(side)]
+            if not (table[touched] == seq).any():
+                del failed[seq]
 
     def _flush(self, lane: str) -> None:
-        pending = self._pending[lane]
-        while pending:
-            try:
-                self._write(lane, *pending[0])
-            except IndexError:
-                pending.popleft()  # keys outside the tables: reported once, never written
-                raise
-            pending.popleft()
+        for entry in self._jobs[lane]:
+            if not entry[2]:
+                try:
+                    self._write(lane, entry[0], entry[1])
+                except IndexError:
+                    entry[2] = True  # keys outside the tables: reported once, never written
+                    raise
+                entry[2] = True
 
     def _write(self, lane: str, seq: int, keys) -> None:
         gpu, cpu = keys()
@@ -91,10 +126,10 @@ class LaneAccesses:
             return _EMPTY
         return _C.table_since(table, keys, since)
 
-    def first_failed(self, lane: str, side: str, keys: np.ndarray,
-                     failed: dict[int, Hashable]) -> Hashable | None:
-        """The id of a failed job of ``lane`` (``failed``: job number -> id) that was the
-        last of its lane to touch one of these keys, or None."""
+    def first_failed(self, lane: str, side: str, keys: np.ndarray) -> Hashable | None:
+        """What fail() said of a retired failed job of ``lane`` that wrote ``side`` and
+        was the last of its lane to touch one of these keys, or None."""
+        failed = self._failed[lane]
         if not failed:
             return None
         self._flush(lane)
@@ -102,8 +137,10 @@ class LaneAccesses:
         if table is None or len(keys) == 0:
             return None
         seqs = table[keys]
-        numbers = np.fromiter(failed, dtype=np.int64, count=len(failed))
+        numbers = np.array([seq for seq, (_, wrote, _) in failed.items() if wrote == side], dtype=np.int64)
+        if numbers.size == 0:
+            return None
         # A lookup table over the failed jobs' numbers: one pass, no sort of seqs.
         kind = "table" if numbers.max() - numbers.min() < (1 << 24) else None
         hit = np.isin(seqs, numbers, kind=kind)
-        return failed[int(seqs[np.argmax(hit)])] if hit.any() else None
+        return failed[int(seqs[np.argmax(hit)])][0] if hit.any() else None

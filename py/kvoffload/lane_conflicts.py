@@ -22,9 +22,6 @@ class LaneConflicts:
         self._jobs: dict[str, collections.OrderedDict] = collections.defaultdict(collections.OrderedDict)
         self._writes_cpu: dict[str, bool] = {}
         self._added: dict[str, int] = collections.defaultdict(int)  # per lane, the last seq added
-        # Per lane that writes CPU sub-blocks, seq -> handle of its jobs done but failed:
-        # what they left partial stays so until a later job of the lane writes it again.
-        self._failed: dict[str, dict] = collections.defaultdict(dict)
 
     def resolve(self, lane: str, writes_cpu: bool, keys) -> tuple[list, list]:
         """(waits, sources) of a job of ``lane`` that touches ``keys()`` (gpu, cpu): per
@@ -36,8 +33,9 @@ class LaneConflicts:
             if other == lane:
                 continue
             in_flight = self._prune(other)
-            if not writes_cpu and self._failed[other]:
-                hit = self._accesses.first_failed(other, "cpu", keys()[1], self._failed[other])
+            # What a failed job left partial stays so until a later job of its lane writes it.
+            if not writes_cpu and self._accesses.has_failed(other):
+                hit = self._accesses.first_failed(other, "cpu", keys()[1])
                 if hit is not None:
                     sources.append(hit)
             if not in_flight:
@@ -76,17 +74,15 @@ class LaneConflicts:
 
     def _prune(self, lane: str) -> int:
         """Forgets the lane's jobs that are done (they finish in order), but for the
-        failures of a lane that writes CPU sub-blocks; how many are left in flight."""
+        failures of a lane that writes CPU sub-blocks (LaneAccesses keeps those); how
+        many are left in flight."""
         jobs = self._jobs[lane]
         while jobs:
             seq, handle = next(iter(jobs.items()))
             if not self._done(handle):
                 break
-            failed = self._failed[lane]
             if self._writes_cpu[lane] and handle.error is not None:
-                failed[seq] = handle
-            # Once the lane has failed, its jobs' keys stay: first_failed needs the last
-            # writer of every sub-block. Each step may be repeated after an interrupt.
-            self._accesses.retire(lane, seq, keep=bool(failed))
+                self._accesses.fail(lane, seq, handle, "cpu")
+            self._accesses.retire(lane, seq)  # each step may be repeated after an interrupt
             jobs.pop(seq, None)
         return len(jobs)
