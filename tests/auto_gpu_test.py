@@ -28,10 +28,10 @@ def test_calibration_is_measured_on_its_device_once_cached_and_keyed(tmp_path, m
     cal = calibration.calibration(device)
     entry = json.loads(path.read_text())[calibration.device_key(device)]
     assert torch.cuda.get_device_name(device) in cal.key and "driver" in cal.key and "PCIe" in cal.key
-    assert set(entry["rates"]) == {f"{m} {d} {p}" for m in calibration.CANDIDATES
+    assert set(entry["rates"]) == {f"{m} {d} {p}" for m in copy_methods.CANDIDATES
                                    for d in ("h2d", "d2h") for p in calibration.PATTERNS}
     assert all(len(v) == len(calibration.SIZES) and min(v) > 0 for v in entry["rates"].values())
-    assert set(entry["beside"]) == set(entry["slowdown"]) == {f"{m} {d}" for m in calibration.CANDIDATES
+    assert set(entry["beside"]) == set(entry["slowdown"]) == {f"{m} {d}" for m in copy_methods.CANDIDATES
                                                               for d in ("h2d", "d2h")}
     assert all(len(v) == len(calibration.BESIDE_SIZES) and min(v) > 0 for v in entry["beside"].values())
     monkeypatch.setattr(calibration, "_cached", {})
@@ -76,7 +76,7 @@ def test_auto_copies_are_exact_with_the_method_it_chose(direction, block, runs, 
     n = (16 << 20) // block
     chosen, _ = auto.choose(calibration.calibration(), direction, block,
                             auto.mean_host_run(host_side, np.full(n, block)), max_slowdown)
-    assert result.path == calibration.CANDIDATES[chosen].name  # the paths are named as the methods
+    assert result.path == copy_methods.copy_method(chosen).name  # the paths are named as the methods
 
 
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])

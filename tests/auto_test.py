@@ -8,6 +8,7 @@ import kvoffload as kv
 from kvoffload import auto, calibration
 from kvoffload.auto import choose, mean_host_run
 from kvoffload.calibration import Calibration
+from kvoffload.copy_methods import CANDIDATES, Kernel, copy_method
 
 SIZES = calibration.SIZES
 BESIDE = calibration.BESIDE_SIZES
@@ -19,9 +20,9 @@ def table(beside=None, slowdown=None, **rates):
     (absent entries at 1 GB/s), and each 'method direction' beside the model at the given
     GB/s and step slowdown per beside-size (absent: 1 GB/s, +50%)."""
     full = {f"{m} {d} {p}": [1.0] * len(SIZES)
-            for m in calibration.CANDIDATES for d in ("h2d", "d2h") for p in calibration.PATTERNS}
+            for m in CANDIDATES for d in ("h2d", "d2h") for p in calibration.PATTERNS}
     full.update({k.replace("__", " "): v for k, v in rates.items()})
-    pairs = [f"{m} {d}" for m in calibration.CANDIDATES for d in ("h2d", "d2h")]
+    pairs = [f"{m} {d}" for m in CANDIDATES for d in ("h2d", "d2h")]
     return Calibration("test machine", SIZES, full, BESIDE,
                        {k: (beside or {}).get(k, [1.0] * len(BESIDE)) for k in pairs},
                        {k: (slowdown or {}).get(k, [0.5] * len(BESIDE)) for k in pairs})
@@ -87,8 +88,18 @@ def test_chosen_reads_the_job_size_and_host_runs_off_the_copies(monkeypatch):
     assert auto.chosen(gpu, scattered, sizes, direction="d2h", registry=kv.UNCHECKED) == "batch"
     assert auto.chosen(gpu, scattered, sizes * 16, direction="d2h", registry=kv.UNCHECKED,
                        max_slowdown=0.012) == "staged"  # the only one within, however slow
-    with pytest.raises(ValueError, match="max_slowdown"):
-        auto.chosen(gpu, runs, sizes, direction="d2h", registry=kv.UNCHECKED, max_slowdown=float("nan"))
+    # The mean copy: 4 KiB copies with one of 2 GiB are 36 KiB on average (batch: 36
+    # GB/s), not 2 GiB (50 GB/s) or 4 KiB (9 GB/s).
+    mixed = sizes.copy()
+    mixed[0] = 2 << 30
+    cal.beside["batch d2h"] = [9, 30, 50]
+    cal.slowdown["batch d2h"] = [0.0] * 3
+    assert auto.choose(cal, "d2h", mixed.mean(), 0)[1] < 40
+    monkeypatch.setattr(auto, "choose", lambda cal, direction, copy_bytes, runs, slowdown: (str(copy_bytes), 0))
+    assert auto.chosen(gpu, scattered, mixed, direction="d2h", registry=kv.UNCHECKED) == str(mixed.mean())
+    for bad in (float("nan"), -0.01, "2%"):
+        with pytest.raises(ValueError, match="max_slowdown: must be >= 0 or None"):
+            auto.chosen(gpu, runs, sizes, direction="d2h", registry=kv.UNCHECKED, max_slowdown=bad)
 
 
 def test_sizes_where_a_copy_stalled_beside_the_model_leave_its_slowdown_to_the_others():
@@ -118,8 +129,15 @@ def test_a_stall_between_measured_sizes_rules_out_only_the_sizes_nearest_it():
 
 
 def test_with_no_method_within_the_slowdown_the_gentlest_wins():
-    cal = table(slowdown={f"{m} d2h": [0.1 + i / 100] * 3 for i, m in enumerate(calibration.CANDIDATES)})
-    assert choose(cal, "d2h", 16 << 10, 0)[0] == next(iter(calibration.CANDIDATES))
+    for gentlest in CANDIDATES:
+        cal = table(slowdown={f"{m} d2h": [0.05 if m == gentlest else 0.1] * 3 for m in CANDIDATES})
+        assert choose(cal, "d2h", 16 << 10, 0)[0] == gentlest
+
+
+def test_every_candidate_is_a_method_name():
+    assert copy_method("kernel_ctas2") == Kernel(max_ctas=2) and copy_method("kernel_ctas4") == Kernel(max_ctas=4)
+    cal = table(kernel_ctas4__h2d__scattered=[60] * 6)
+    assert choose(cal, "h2d", 4 << 10, 0, max_slowdown=None) == ("kernel_ctas4", 60)
 
 
 def test_sizes_outside_the_table_take_its_ends():

@@ -54,7 +54,8 @@ def test_each_method_passes_its_own_options(calls, seed):
 def test_names_resolve_to_the_defaults_and_auto_runs_a_given_object(calls):
     assert copy_method("kernel") == Kernel() and copy_method("staged") == Staged()
     assert Kernel().max_ctas == KERNEL_CTAS and Staged().slots == STAGED_SLOTS
-    assert tuple(copy_methods.METHODS) == auto.METHODS
+    assert tuple(copy_methods.CANDIDATES) == auto.METHODS and set(copy_methods.METHODS) < set(auto.METHODS)
+    assert copy_method("kernel_ctas2") == Kernel(max_ctas=2)
     method = Kernel(max_ctas=3)
     assert copy_method(method) is method
     assert auto.copy([1], [2], [3], 7, direction="h2d", method=method, registry=kv.UNCHECKED) == "kernel_copy"
@@ -63,7 +64,7 @@ def test_names_resolve_to_the_defaults_and_auto_runs_a_given_object(calls):
 
 @pytest.mark.parametrize("bad", ["fastest", 3, None, Kernel])
 def test_an_unknown_method_is_refused_naming_the_argument(bad):
-    with pytest.raises(ValueError, match=r"method: expected one of \('per_copy', 'batch', 'kernel', 'staged'\)"):
+    with pytest.raises(ValueError, match=r"method: expected one of \('per_copy', 'batch', 'kernel', 'staged', 'kernel_ctas2', 'kernel_ctas4'\)"):
         copy_method(bad)
 
 

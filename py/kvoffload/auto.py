@@ -1,6 +1,6 @@
 """method="auto": picks per job among the raw-pointer copy methods (the per-copy loop,
 the driver's batch copy, the copy kernel on 8, 4 or 2 CTAs and the staged copy) from
-the calibration of the stream's device (kvoffload.calibration.CANDIDATES).
+the calibration of the stream's device (kvoffload.copy_methods.CANDIDATES).
 
 A candidate's cost to a model running beside it is its calibrated step slowdown at the
 job's mean copy size; among those within ``max_slowdown`` the one fastest beside the
@@ -18,12 +18,11 @@ import numpy as np
 
 from kvoffload import calibration as calibrations
 from kvoffload.batch_copy import CopyResult, SrcAccessOrder, copy_arguments, stream_device
-from kvoffload.calibration import CANDIDATES, RUN_BYTES, Calibration
-from kvoffload.copy_methods import METHODS as METHOD_OBJECTS
-from kvoffload.copy_methods import CopyMethod, copy_method
+from kvoffload.calibration import RUN_BYTES, Calibration
+from kvoffload.copy_methods import CANDIDATES, CopyMethod, copy_method
 from kvoffload.vocabulary import Direction
 
-METHODS = tuple(METHOD_OBJECTS)  # the methods by name, each standing for its defaults
+METHODS = tuple(CANDIDATES)  # the names a method may be given by
 MAX_SLOWDOWN = 0.02
 
 
@@ -39,7 +38,7 @@ def mean_host_run(host: np.ndarray, sizes: np.ndarray) -> float:
 def choose(cal: Calibration, direction: Direction | str, copy_bytes: float, host_run_bytes: float,
            max_slowdown: float | None = MAX_SLOWDOWN) -> tuple[str, float]:
     """(method, predicted GB/s) for a job. Where no method is within max_slowdown, the
-    one that slows the model least. The method is a name of calibration.CANDIDATES."""
+    one that slows the model least. The method is a name of copy_methods.CANDIDATES."""
     def runs(method):
         return CANDIDATES[method].name == "staged" and host_run_bytes >= RUN_BYTES
 
@@ -74,15 +73,15 @@ def copy(src, dst, sizes, stream=None, *, direction: Direction | str,
     direction = Direction.parse(direction, "direction")
     _check_max_slowdown(max_slowdown)
     if method == "auto":
-        method = CANDIDATES[chosen(src, dst, sizes, stream, direction=direction, max_slowdown=max_slowdown,
-                                   registry=registry)]
+        method = chosen(src, dst, sizes, stream, direction=direction, max_slowdown=max_slowdown,
+                        registry=registry)
     return copy_method(method)(src, dst, sizes, stream, direction=direction, order=order, registry=registry)
 
 
 def chosen(src, dst, sizes, stream=None, *, direction: Direction | str,
            max_slowdown: float | None = MAX_SLOWDOWN, registry) -> str:
-    """The name of the candidate (calibration.CANDIDATES) that copy(..., method="auto")
-    takes for these copies."""
+    """The name of the candidate (copy_methods.CANDIDATES) that copy(..., method="auto")
+    takes for these copies; copy(..., method=name) copies with it."""
     direction = Direction.parse(direction, "direction")
     _check_max_slowdown(max_slowdown)
     # Arguments before the device is asked, as each method checks them: the same error.
@@ -94,5 +93,5 @@ def chosen(src, dst, sizes, stream=None, *, direction: Direction | str,
 
 
 def _check_max_slowdown(max_slowdown) -> None:
-    if max_slowdown is not None and not max_slowdown >= 0:
+    if max_slowdown is not None and not (isinstance(max_slowdown, (int, float)) and max_slowdown >= 0):
         raise ValueError(f"max_slowdown: must be >= 0 or None, got {max_slowdown!r}")

@@ -1,6 +1,6 @@
 """What each raw-pointer copy method achieves on this machine, alone and beside a model.
 
-For every candidate (each method of kvoffload.copy_methods.METHODS with its defaults, and
+For every candidate (kvoffload.copy_methods.CANDIDATES: each method with its defaults, and
 the copy kernel on fewer CTAs), direction and block size (4 KiB to 2 MiB) it
 times the method alone, with the host side scattered and in runs; at a few sizes it
 also runs the method beside the Llama-shaped layer loop of kvoffload.compute_loop and
@@ -31,19 +31,15 @@ import time
 import numpy as np
 
 from kvoffload.batch_copy import NoCudaDeviceError
-from kvoffload.copy_methods import METHODS, CopyMethod, Kernel
+from kvoffload.copy_methods import CANDIDATES
 from kvoffload.registry import UNCHECKED
 from kvoffload.vocabulary import Direction
 
-# What auto chooses among, by name: the copy kernel on 2 or 4 CTAs moves less alone
-# than on its default 8 but costs a model beside it much less.
-CANDIDATES: dict[str, CopyMethod] = {**METHODS, "kernel_ctas2": Kernel(max_ctas=2),
-                                     "kernel_ctas4": Kernel(max_ctas=4)}
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20]
 BESIDE_SIZES = [4 << 10, 64 << 10, 2 << 20]
 PATTERNS = ("scattered", "host_runs")
 RUN_BYTES = 256 << 10
-FORMAT = 4  # entries of another format are measured again
+FORMAT = 5  # entries of another format are measured again
 
 
 def path() -> pathlib.Path:
@@ -129,7 +125,7 @@ def _offsets(rng, pool, block, n, pattern):
 
 
 def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bool = True) -> Calibration:
-    """Times every candidate on ``device``; some seconds alone, about a minute beside."""
+    """Times every candidate on ``device``; some seconds alone, a minute or two beside."""
     import torch
 
     from kvoffload import compute_loop
@@ -269,9 +265,9 @@ def main(argv: list[str]) -> None:
     cal = calibration(int(argv[2]) if len(argv) == 3 else None, recalibrate=True)
     print(f"{cal.key}: written to {path()}")
     for name, table in cal.rates.items():
-        print(f"{name:<28}" + " ".join(f"{r:6.1f}" for r in table))
+        print(f"{name:<31}" + " ".join(f"{r:6.1f}" for r in table))
     for name, table in cal.beside.items():
-        print(f"{name + ' beside model':<28}" + " ".join(
+        print(f"{name + ' beside model':<31}" + " ".join(
             f"{r:6.1f} ({'stalled' if s is None else f'{s:+.1%}'})" for r, s in zip(table, cal.slowdown[name])))
 
 

@@ -127,12 +127,13 @@ class OffloadHandler:
     and compute its addresses on the GPU (kvoffload.page_table): "pages" moves host runs
     by DMA through a staging ring and scatters or gathers the HBM side with a kernel of
     ``page_ctas`` CTAs, "pages_kernel" has that kernel reach the pool itself. "auto",
-    "batch", "per_copy", "kernel" and "staged" (or a kvoffload.copy_methods object with
-    its own options) plan every page on the host and copy raw pointers
-    (kvoffload.auto); "auto" picks among the named ones the fastest that slows a
-    model beside it by at most ``max_slowdown`` (None: the fastest alone). With "auto", a
-    device without a cached calibration is measured here (kvoffload.calibration), taking
-    about a minute and 1 GiB each of pinned and device memory for the while.
+    "batch", "per_copy", "kernel", "staged", "kernel_ctas2" and "kernel_ctas4" (or a
+    kvoffload.copy_methods object with its own options) plan every page on the host and
+    copy raw pointers (kvoffload.auto); "auto" picks among the others the fastest that
+    slows a model beside it by at most ``max_slowdown`` (None: the fastest alone). With
+    "auto", a device without a cached calibration is measured here
+    (kvoffload.calibration), taking a minute or two and 1 GiB each of pinned and device
+    memory for the while.
     """
 
     PAGE_METHODS = ("pages", "pages_kernel")
