@@ -267,6 +267,7 @@ def test_repeated_sigints_leave_the_handler_usable():
 
 
 _INTERRUPTIBLE = ("kvoffload/handler.py", "kvoffload/transfer_lanes.py", "kvoffload/descriptor_pool.py",
+                  "kvoffload/lane_conflicts.py", "kvoffload/lane_accesses.py",
                   "/threading.py", "/queue.py", "concurrent/futures/_base.py", "concurrent/futures/thread.py")
 
 

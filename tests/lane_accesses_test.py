@@ -1,5 +1,6 @@
 """kvoffload.lane_accesses against a dict model, on random jobs in random lanes."""
 
+import sys
 import threading
 import time
 
@@ -123,6 +124,47 @@ def test_a_failure_rewritten_by_a_job_in_flight_is_forgotten_when_the_next_job_r
     assert accesses.touching("store", "cpu", np.arange(2), 2).tolist() == [2]
     accesses.retire("store", 2)
     assert not accesses.has_failed("store")
+
+
+def test_a_failed_job_with_keys_outside_the_table_is_reported_once_and_remembered_for_none():
+    for flushed in (True, False):
+        accesses = LaneAccesses(8, 8)
+        accesses.record("store", keys_of([0], [0, 9]), 1)
+        if flushed:
+            with pytest.raises(IndexError, match="outside the table"):
+                accesses.touching("store", "cpu", np.arange(8), 1)
+        accesses.fail("store", 1, "bad", "cpu")
+        if not flushed:
+            with pytest.raises(IndexError, match="outside the table"):
+                accesses.retire("store", 1)
+        accesses.retire("store", 1)
+        assert not accesses.has_failed("store")
+        accesses.record("store", keys_of([1], [1]), 2)
+        accesses.retire("store", 2)
+        assert accesses.touching("store", "cpu", np.arange(8), 1).size == 0
+
+
+def test_a_record_interrupted_at_any_line_and_repeated_tracks_the_job_once():
+    for n in range(1, 8):
+        accesses, lines = LaneAccesses(8, 8), [0]
+
+        def local(frame, event, arg):
+            if event == "line":
+                lines[0] += 1
+                if lines[0] == n:
+                    raise KeyboardInterrupt
+            return local
+
+        sys.settrace(lambda frame, event, arg: local if frame.f_code is LaneAccesses.record.__code__ else None)
+        try:
+            accesses.record("store", keys_of([0], [0, 1]), 1)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        accesses.record("store", keys_of([0], [0, 1]), 1)  # repeated, as the callers do
+        assert accesses.touching("store", "cpu", np.arange(8), 1).tolist() == [1]
+        assert [entry[0] for entry in accesses._jobs["store"]] == [1]
 
 
 def test_a_lane_never_recorded_touches_nothing():

@@ -43,7 +43,8 @@ class LaneAccesses:
     def __init__(self, gpu_keys: int, cpu_keys: int):
         self._sizes = {"gpu": gpu_keys, "cpu": cpu_keys}
         self._tables: dict[tuple[str, str], np.ndarray] = {}  # (lane, side), made on first use
-        # Per lane, [seq, keys, written] of the jobs recorded and not retired, oldest first.
+        # Per lane, [seq, keys, written] of the jobs recorded and not retired, oldest first;
+        # written: False, True, or None for keys outside the tables (never written).
         self._jobs: dict[str, collections.deque] = collections.defaultdict(collections.deque)
         self._noted: dict[str, int] = collections.defaultdict(int)  # per lane, the last seq recorded
         # Per lane, seq -> (what, side written) of failed jobs not yet retired.
@@ -57,8 +58,10 @@ class LaneAccesses:
         cpu) arrays (a LazyKeys: asked for only when they are written, and kept until
         the job retires). Numbers rise per lane; recording one again is a no-op."""
         if seq > self._noted[lane]:
+            jobs = self._jobs[lane]
+            if not jobs or jobs[-1][0] != seq:  # (else an interrupt came before _noted was set)
+                jobs.append([seq, keys, False])
             self._noted[lane] = seq
-            self._jobs[lane].append([seq, keys, False])
 
     def fail(self, lane: str, seq: int, what: Hashable, wrote: str) -> None:
         """Job ``seq`` of ``lane``, not yet retired, failed partway through writing the
@@ -78,10 +81,9 @@ class LaneAccesses:
         while jobs and jobs[0][0] <= seq:
             entry = jobs[0]
             failure = failing.get(entry[0])
-            if (failed or failure is not None) and not entry[2]:
-                self._write(lane, entry[0], entry[1])
-                entry[2] = True
-            if failure is not None:
+            if (failed or failure is not None) and entry[2] is False:
+                self._write_entry(lane, entry)
+            if failure is not None and entry[2]:  # (a job never written wrote no key last)
                 failed[entry[0]] = (*failure, entry[1])
             jobs.popleft()
             failing.pop(entry[0], None)
@@ -99,13 +101,16 @@ class LaneAccesses:
 
     def _flush(self, lane: str) -> None:
         for entry in self._jobs[lane]:
-            if not entry[2]:
-                try:
-                    self._write(lane, entry[0], entry[1])
-                except IndexError:
-                    entry[2] = True  # keys outside the tables: reported once, never written
-                    raise
-                entry[2] = True
+            if entry[2] is False:
+                self._write_entry(lane, entry)
+
+    def _write_entry(self, lane: str, entry: list) -> None:
+        try:
+            self._write(lane, entry[0], entry[1])
+        except IndexError:
+            entry[2] = None  # keys outside the tables: reported once, never written
+            raise
+        entry[2] = True
 
     def _write(self, lane: str, seq: int, keys) -> None:
         gpu, cpu = keys()
