@@ -79,7 +79,9 @@ def test_the_file_lock_makes_another_process_wait(tmp_path):
     holder = ctx.Process(target=_hold_the_lock, args=(file, ready, release))
     holder.start()
     assert ready.wait(30)
-    waiter = ctx.Process(target=_hold_the_lock, args=(file, ctx.Event(), ctx.Event()))
+    let_go = ctx.Event()
+    let_go.set()  # the waiter lets go as soon as it holds the lock
+    waiter = ctx.Process(target=_hold_the_lock, args=(file, ctx.Event(), let_go))
     waiter.start()
     waiter.join(0.5)
     assert waiter.is_alive()  # blocked on the lock
