@@ -88,6 +88,8 @@ def test_chosen_reads_the_job_size_and_host_runs_off_the_copies(monkeypatch):
     assert auto.chosen(gpu, scattered, sizes, direction="d2h", registry=kv.UNCHECKED) == "batch"
     assert auto.chosen(gpu, scattered, sizes * 16, direction="d2h", registry=kv.UNCHECKED,
                        max_slowdown=0.012) == "staged"  # the only one within, however slow
+    assert auto.chosen(gpu, runs, sizes, direction="d2h", registry=kv.UNCHECKED,
+                       max_slowdown=np.float32(0.02)) == "staged"  # numpy numbers are numbers
     # The mean copy: 4 KiB copies with one of 2 GiB are 36 KiB on average (batch: 36
     # GB/s), not 2 GiB (50 GB/s) or 4 KiB (9 GB/s).
     mixed = sizes.copy()
@@ -97,8 +99,8 @@ def test_chosen_reads_the_job_size_and_host_runs_off_the_copies(monkeypatch):
     assert auto.choose(cal, "d2h", mixed.mean(), 0)[1] < 40
     monkeypatch.setattr(auto, "choose", lambda cal, direction, copy_bytes, runs, slowdown: (str(copy_bytes), 0))
     assert auto.chosen(gpu, scattered, mixed, direction="d2h", registry=kv.UNCHECKED) == str(mixed.mean())
-    for bad in (float("nan"), -0.01, "2%"):
-        with pytest.raises(ValueError, match="max_slowdown: must be >= 0 or None"):
+    for bad in (float("nan"), -0.01, "2%", np.float32(-1)):
+        with pytest.raises(ValueError, match="max_slowdown: must be a number >= 0 or None"):
             auto.chosen(gpu, runs, sizes, direction="d2h", registry=kv.UNCHECKED, max_slowdown=bad)
 
 
@@ -158,7 +160,7 @@ def test_bad_method_or_direction_raise_before_copying():
         auto.copy([1], [2], [3], direction="up", method="batch", registry=kv.UNCHECKED)
     with pytest.raises(ValueError, match=r"method: expected one of"):
         auto.copy([1], [2], [3], direction="h2d", method="fastest", registry=kv.UNCHECKED)
-    with pytest.raises(ValueError, match=r"max_slowdown: must be >= 0 or None"):
+    with pytest.raises(ValueError, match=r"max_slowdown: must be a number >= 0 or None"):
         auto.copy([1], [2], [3], direction="h2d", max_slowdown=-0.1, registry=kv.UNCHECKED)
 
 

@@ -13,6 +13,7 @@ host side scattered, which its DMA of small copies holds it to.
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
@@ -51,7 +52,8 @@ def choose(cal: Calibration, direction: Direction | str, copy_bytes: float, host
 
     def beside(method):
         rate = cal.rate_beside(method, direction, copy_bytes)
-        return rate if runs(method) or CANDIDATES[method].name != "staged" else min(rate, alone(method))
+        short_runs = CANDIDATES[method].name == "staged" and not runs(method)
+        return min(rate, alone(method)) if short_runs else rate
 
     slowdown = {m: cal.slowdown_of(m, direction, copy_bytes) for m in CANDIDATES}
     within = [m for m in CANDIDATES if slowdown[m] <= max_slowdown and slowdown[m] != math.inf]
@@ -71,7 +73,7 @@ def copy(src, dst, sizes, stream=None, *, direction: Direction | str,
     ``registry``: as for kvoffload.batch_copy.
     """
     direction = Direction.parse(direction, "direction")
-    _check_max_slowdown(max_slowdown)
+    check_max_slowdown(max_slowdown)
     if method == "auto":
         method = chosen(src, dst, sizes, stream, direction=direction, max_slowdown=max_slowdown,
                         registry=registry)
@@ -83,7 +85,7 @@ def chosen(src, dst, sizes, stream=None, *, direction: Direction | str,
     """The name of the candidate (copy_methods.CANDIDATES) that copy(..., method="auto")
     takes for these copies; copy(..., method=name) copies with it."""
     direction = Direction.parse(direction, "direction")
-    _check_max_slowdown(max_slowdown)
+    check_max_slowdown(max_slowdown)
     # Arguments before the device is asked, as each method checks them: the same error.
     _, src, dst, sizes = copy_arguments(registry, src, dst, sizes)
     cal = calibrations.calibration(stream_device(stream))
@@ -92,6 +94,7 @@ def chosen(src, dst, sizes, stream=None, *, direction: Direction | str,
     return choose(cal, direction, mean, mean_host_run(host, sizes), max_slowdown)[0]
 
 
-def _check_max_slowdown(max_slowdown) -> None:
-    if max_slowdown is not None and not (isinstance(max_slowdown, (int, float)) and max_slowdown >= 0):
-        raise ValueError(f"max_slowdown: must be >= 0 or None, got {max_slowdown!r}")
+def check_max_slowdown(max_slowdown) -> None:
+    """A number >= 0 (numpy's too) or None."""
+    if max_slowdown is not None and not (isinstance(max_slowdown, numbers.Real) and max_slowdown >= 0):
+        raise ValueError(f"max_slowdown: must be a number >= 0 or None, got {max_slowdown!r}")

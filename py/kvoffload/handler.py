@@ -172,8 +172,7 @@ class OffloadHandler:
         _require_int("page_ctas", page_ctas, 1)
         if page_ctas > 1 << 16:
             raise ValueError(f"page_ctas: expected at most {1 << 16}, got {page_ctas}")
-        if max_slowdown is not None and not (isinstance(max_slowdown, (int, float)) and max_slowdown >= 0):
-            raise ValueError(f"max_slowdown: must be a number >= 0 or None, got {max_slowdown!r}")
+        auto.check_max_slowdown(max_slowdown)
 
         on_gpu = device.type == "cuda"
         self.registry = MemoryRegistry()
