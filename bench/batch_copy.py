@@ -191,7 +191,7 @@ def measure_gpu(rng, rows, machine):
                 continue
             rows.append(dict(row, seconds=best, workload=workload, gb_per_s_beside=got.gb_per_s,
                              step_slowdown=got.step_slowdown, idle_drift=got.idle_drift,
-                             steps_in_window=got.steps_in_window))
+                             steps_in_window=got.steps_in_window, dry_steps=got.dry_steps))
 
     for direction in FLAGS.directions:
         stream = streams[direction]
@@ -362,7 +362,7 @@ def print_table(all_rows):
             print(f"  {r['workload']:<6}{r['method']:<14}{r['direction']:<5}{r['block_bytes'] >> 10:>6} KiB "
                   f"{r['gb_per_s']:6.1f} {r['gb_per_s_beside']:6.1f} GB/s ({r['ratio_beside_to_bulk']:4.0%})"
                   f"  slowdown {r['step_slowdown']:+.1%} over {r['steps_in_window']} steps"
-                  f" (idle loop drift {r['idle_drift']:+.1%})")
+                  f" (idle loop drift {r['idle_drift']:+.1%}{', the loop ran dry %d times' % r['dry_steps'] if r['dry_steps'] else ''})")
     if beside:
         print_frontier(beside)
     submit = [r for r in rows if "submit_us_per_copy" in r and r["method"] != "bulk"]

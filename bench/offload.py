@@ -281,9 +281,8 @@ def main(argv):
                          block_bytes=1 << 30,
                          gb_per_s=(1 << 30) / bulk[direction] / 1e9, ratio_to_bulk=1.0, workload=workload,
                          gb_per_s_beside=got.gb_per_s, step_slowdown=got.step_slowdown,
-                         idle_drift=got.idle_drift, steps_in_window=got.steps_in_window))
-        print(f"bulk {direction} beside {workload}: {got.gb_per_s:6.1f} GB/s, step slowdown "
-              f"{got.step_slowdown:+.1%} over {got.steps_in_window} steps (the reference for every method)")
+                         idle_drift=got.idle_drift, steps_in_window=got.steps_in_window, dry_steps=got.dry_steps))
+        print(f"bulk {direction} beside {workload}: {got.summary()} (the reference for every method)")
     for name, shape in CACHES.items():
         cache = make_cache(torch, shape, blocks, "cuda" if gpu else "cpu")
         handlers = {}
@@ -308,9 +307,8 @@ def main(argv):
                         continue
                     rows.append(dict(rows[-1], workload=workload, gb_per_s_beside=got.gb_per_s,
                                      step_slowdown=got.step_slowdown, idle_drift=got.idle_drift,
-                                     steps_in_window=got.steps_in_window))
-                    print(f"  beside {workload}: {got.gb_per_s:6.1f} GB/s, step slowdown "
-                          f"{got.step_slowdown:+.1%} over {got.steps_in_window} steps")
+                                     steps_in_window=got.steps_in_window, dry_steps=got.dry_steps))
+                    print(f"  beside {workload}: {got.summary()}")
         if gpu and FLAGS.concurrent:
             n = max(min(int(b), blocks // 4) for b in FLAGS.job_blocks)
             jobs = max(2, moved // (n * block_bytes))

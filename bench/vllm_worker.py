@@ -162,9 +162,8 @@ def main(argv):
                             continue
                         rows.append(dict(row, workload=workload, gb_per_s_beside=got.gb_per_s,
                                          step_slowdown=got.step_slowdown, idle_drift=got.idle_drift,
-                                         steps_in_window=got.steps_in_window))
-                        print(f"  beside {workload}: {got.gb_per_s:6.1f} GB/s, step slowdown "
-                              f"{got.step_slowdown:+.1%} over {got.steps_in_window} steps")
+                                         steps_in_window=got.steps_in_window, dry_steps=got.dry_steps))
+                        print(f"  beside {workload}: {got.summary()}")
             worker.shutdown()
         del kv_caches
     if FLAGS.out:

@@ -70,8 +70,9 @@ class Calibration:
     rates: dict[str, list[float]]  # "method direction pattern" -> GB/s alone, per size
     beside_sizes: list[int] = dataclasses.field(default_factory=list)
     beside: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # "method direction" -> GB/s
-    # "method direction" -> step slowdown per beside-size; None where the copies outlasted
-    # a loop of 20 times their time alone (the rate beside says so): nothing measured.
+    # "method direction" -> step slowdown per beside-size; None where nothing was measured:
+    # the copies outlasted a loop of 20 times their time alone, or their host enqueueing
+    # outlasted the steps enqueued ahead of them (the loop ran dry beside them).
     slowdown: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
 
     # Keys spell a direction "h2d" or "d2h" (Direction.short), in the cache file too.
@@ -79,7 +80,7 @@ class Calibration:
         return _interpolate(self.sizes, self.rates[f"{method} {_short(direction)} {pattern}"], copy_bytes)
 
     def rate_beside(self, method: str, direction: Direction | str, copy_bytes: float) -> float:
-        """Interpolated over the sizes where the copies did not stall (all, if none)."""
+        """Interpolated over the sizes where a slowdown was measured (all, if none)."""
         name = f"{method} {_short(direction)}"
         measured = self._measured(name) or self.beside_sizes
         rates = dict(zip(self.beside_sizes, self.beside[name]))
@@ -87,8 +88,8 @@ class Calibration:
 
     def slowdown_of(self, method: str, direction: Direction | str, copy_bytes: float) -> float:
         """Interpolated over the sizes where it was measured; inf where the calibrated size
-        nearest to copy_bytes (in log scale; of two, either) stalled: host enqueueing stalls
-        small copies, and a stall at 4 KiB says nothing of 32 KiB, where 64 KiB ran."""
+        nearest to copy_bytes (in log scale; of two, either) measured none: host enqueueing
+        holds up small copies, and that at 4 KiB says nothing of 32 KiB, where 64 KiB ran."""
         name = f"{method} {_short(direction)}"
         measured = self._measured(name)
         distance = [abs(math.log2(size) - math.log2(max(copy_bytes, 1))) for size in self.beside_sizes]
@@ -194,7 +195,7 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
                                 f"{method} {direction.short} {block}: no compute step inside {reps} copies")
                         # Not covered by a loop 20 times its time alone: as good as stopped.
                         rates.append(got.gb_per_s if got else moved / alone / 1e9 / 20)
-                        slowdowns.append(got.step_slowdown if got else None)
+                        slowdowns.append(got.step_slowdown if got and not got.dry_steps else None)
                     cal.beside[f"{method} {direction.short}"] = rates
                     cal.slowdown[f"{method} {direction.short}"] = slowdowns
         return cal
@@ -268,7 +269,7 @@ def main(argv: list[str]) -> None:
         print(f"{name:<31}" + " ".join(f"{r:6.1f}" for r in table))
     for name, table in cal.beside.items():
         print(f"{name + ' beside model':<31}" + " ".join(
-            f"{r:6.1f} ({'stalled' if s is None else f'{s:+.1%}'})" for r, s in zip(table, cal.slowdown[name])))
+            f"{r:6.1f} ({'unmeasured' if s is None else f'{s:+.1%}'})" for r, s in zip(table, cal.slowdown[name])))
 
 
 if __name__ == "__main__":

@@ -6,8 +6,19 @@ a whole loop in microseconds:
   128, MLP 14336, RMSNorm, causal SDPA, bf16, random weights);
 - ``gemm``: bf16 8192^3 matrix products, four per step.
 
-The loop is enqueued first and covers the whole copy window; the copies start after
-some warm-up steps (clocks have fallen by then) and go back to back with no host sync.
+The loop covers the whole copy window; the copies start after some warm-up steps (clocks
+have fallen by then) and go back to back with no host sync. The driver's launch queue
+holds about 70 of the model's steps (190 ms on the H200): a longer loop enqueued whole
+before the copies blocked the host until its last steps, so copies of more than that
+found no loop left to run beside. So the loop is enqueued AHEAD steps ahead of the GPU,
+polling the step AHEAD back rather than blocking in the launch queue: the warm-up and
+AHEAD steps more, then the copies, then the rest. Each step is timed from its start to
+the next one's, so that a wait between steps counts against the step before it. A step
+in the copy window whose successor was enqueued only after the GPU had finished it (the
+copies' host enqueueing outlasted the steps ahead) is counted in ``dry_steps``: its time
+holds a wait for this loop's host thread, which a model fed from its own thread would
+not see, and the slowdown then says nothing. (An idle gap between steps is no such sign
+by itself: the GPU can hold the next step back behind copies.)
 GB/s is taken over the copies' own window, from events on their stream. Step time is
 the mean of the steps whose events lie inside that window, against the same steps of the
 same sustained loop run beside an idle stream in this process, just before and just
@@ -17,9 +28,12 @@ after (their mean; their difference is reported as the measurement's drift).
 from __future__ import annotations
 
 import dataclasses
+import time
 
 WORKLOADS = ("model", "gemm")
 WARM_STEPS = {"model": 20, "gemm": 60}
+AHEAD = 40  # steps enqueued ahead of the GPU, inside the launch queue
+POLL_SECONDS = 2e-4
 
 
 def _model_step(torch, device):
@@ -61,6 +75,25 @@ class Beside:
     step_seconds: float
     idle_step_seconds: float
     idle_drift: float  # the idle loop after over before, minus 1: this measurement's noise
+    dry_steps: int  # steps in the window whose successor was enqueued only after they ended
+
+    def summary(self) -> str:
+        dry = f", the loop ran dry {self.dry_steps} times" if self.dry_steps else ""
+        return (f"{self.gb_per_s:6.1f} GB/s, step slowdown {self.step_slowdown:+.1%} over "
+                f"{self.steps_in_window} steps{dry}")
+
+
+def _wait(event) -> None:
+    """Polls the event, sleeping between polls, rather than waiting inside the driver."""
+    while not event.query():
+        time.sleep(POLL_SECONDS)
+
+
+def _periods(events) -> list[float]:
+    """Each step's seconds from its start to the next step's: a wait between steps counts
+    against the step before it, as it would against a model."""
+    starts = [before for before, _ in events[1:]] + [events[-1][1]]
+    return [before.elapsed_time(end) / 1e3 for (before, _), end in zip(events, starts)]
 
 
 class WindowTooShort(RuntimeError):
@@ -85,19 +118,32 @@ class ComputeLoop:
             step()
         self.step_seconds = self._steps(5)[-1]
 
-    def _enqueue(self, steps: int):
-        events = [self.torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-        with self.torch.cuda.stream(self.stream):
-            for i in range(steps):
-                events[i].record(self.stream)
+    def _events(self, steps: int):
+        """Per step, an event before it and one after it."""
+        return [tuple(self.torch.cuda.Event(enable_timing=True) for _ in range(2)) for _ in range(steps)]
+
+    def _replay(self, events, first: int, stop: int, ahead: int = AHEAD) -> list[int]:
+        """Steps [first, stop), each between its events, at most ``ahead`` ahead of the GPU;
+        the steps enqueued after the GPU had finished the step before."""
+        torch = self.torch
+        late = []
+        with torch.cuda.device(self.stream.device), torch.cuda.stream(self.stream):
+            for i in range(first, stop):
+                if i >= ahead:
+                    _wait(events[i - ahead][1])
+                if i and events[i - 1][1].query():
+                    late.append(i)
+                before, after = events[i]
+                before.record(self.stream)
                 self.graph.replay()
-            events[steps].record(self.stream)
-        return events
+                after.record(self.stream)
+        return late
 
     def _steps(self, steps: int) -> list[float]:
-        events = self._enqueue(steps)
-        events[-1].synchronize()
-        return [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+        events = self._events(steps)
+        self._replay(events, 0, steps, ahead=steps)
+        events[-1][1].synchronize()
+        return _periods(events)
 
     def beside(self, copy_stream, enqueue_copies, moved_bytes: int,
                expected_seconds: float) -> Beside | None:
@@ -112,27 +158,34 @@ class ComputeLoop:
             # drift of clocks between runs.
             idle_before = self._steps(steps)
             torch.cuda.synchronize()
-            events = self._enqueue(steps)
+            events = self._events(steps)
+            head = min(steps, warm + AHEAD)
+            late = self._replay(events, 0, head)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            copy_stream.wait_event(events[warm])
+            copy_stream.wait_event(events[warm][0])
             start.record(copy_stream)
-            enqueue_copies()
-            end.record(copy_stream)
+            try:
+                enqueue_copies()
+            finally:
+                end.record(copy_stream)
+                late += self._replay(events, head, steps)
             torch.cuda.synchronize()
-            if events[-1].elapsed_time(end) <= 0:  # the loop outlasted the copies
+            if events[-1][1].elapsed_time(end) <= 0:  # the loop outlasted the copies
                 break
         else:
             return None  # the copies outlasted 20 times their time alone
         idle_after = self._steps(steps)
         window = start.elapsed_time(end) / 1e3
-        inside = [i for i in range(steps)
-                  if start.elapsed_time(events[i]) >= 0 and events[i + 1].elapsed_time(end) >= 0]
+        inside = [i for i, (before, after) in enumerate(events)
+                  if start.elapsed_time(before) >= 0 and after.elapsed_time(end) >= 0]
         if not inside:
             raise WindowTooShort(f"no compute step lies inside the copy window of {window * 1e3:.2f} ms "
                                  f"(a step takes {self.step_seconds * 1e3:.2f} ms); move more bytes")
-        times = [events[i].elapsed_time(events[i + 1]) / 1e3 for i in inside]
+        times = _periods(events)
+        times = [times[i] for i in inside]
+        dry = len({i - 1 for i in late} & set(inside))  # periods that hold a wait for the host
         idle_times = [(idle_before[i] + idle_after[i]) / 2 for i in inside]
         step, idle_step = sum(times) / len(times), sum(idle_times) / len(idle_times)
         drift = (sum(idle_after[i] for i in inside) - sum(idle_before[i] for i in inside)) / sum(idle_times)
         return Beside(moved_bytes / window / 1e9, step / idle_step - 1, len(inside), step, idle_step,
-                      drift)
+                      drift, dry)
