@@ -534,3 +534,31 @@ def test_a_handler_dropped_with_jobs_not_collected_is_freed_without_the_cycle_co
         assert dropped() is None
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("cpu_layout", LAYOUTS)
+@pytest.mark.parametrize("groups, pages, rewrite, rewritten", [
+    # One tensor in two groups of other pages: sub-block k of a chunk lies at other bytes in each.
+    ("T,T", [512, 256], ([1], [1, 0], [0, 0]), [0]),  # rewrites group 0's sub-block 0
+    ("T,T", [512, 256], ([1], [0, 1], [0, 0]), []),  # rewrites half of it, through group 1
+    # Groups of equal pages sharing one tensor, each with one of its own.
+    ("TA,TB", [256, 256], ([1], [0, 1], [0, 0]), []),  # rewrites T's part of sub-block 0, not A's
+])
+def test_a_store_to_part_of_a_chunk_a_failed_store_wrote_leaves_the_rest_partial(gated_failure, groups, pages,
+                                                                                  rewrite, rewritten, cpu_layout):
+    rng = np.random.default_rng(25)
+    made = {name: torch.from_numpy(rng.integers(0, 256, (16, 512), dtype=np.uint8)) for name in "TAB"}
+    handler = OffloadHandler([[made[t] for t in group] for group in groups.split(",")], 4, 4, page_bytes=pages,
+                             cpu_layout=cpu_layout)
+    arm, _ = gated_failure
+    arm()  # the store copies its first two blocks (sub-blocks 0 and 1) and fails
+    handler.transfer_async("bad", GPUSpec([0, 2, 4, 6], [4, 0], [0, 0]), CPUSpec([1]))
+    handler.transfer_async("good", GPUSpec(*rewrite), CPUSpec([1]))
+    handler.wait(["bad", "good"])
+    assert {r.job_id: r.success for r in handler.get_finished()} == {"bad": False, "good": True}
+    for sub in (3, 2, 1, 0):  # group 0's sub-blocks of the chunk (3 and 2 never copied)
+        assert handler.transfer_async(f"load {sub}", CPUSpec([1]), GPUSpec([8], [1, 0], [sub, 0])) == (sub in rewritten)
+        handler.wait(f"load {sub}")
+        (load,) = handler.get_finished()
+        assert load.success or "left partial by failed store 'bad'" in load.error
+    handler.shutdown()

@@ -239,3 +239,50 @@ def test_one_calls_table_as_the_others_keys_never_writes_outside(n):
     a, a_keys, b = np.zeros(n, np.int64), np.arange(n, dtype=np.int64), np.zeros(4, np.int64)
     _C.tables_fill(a, a_keys, b, a, 1 << 40)  # b's keys (a) pass the check, then become 2^40
     assert (a == 1 << 40).all() and set(b.tolist()) <= {0, 1 << 40}
+
+
+def test_forgetting_interrupted_at_any_line_and_repeated_never_forgets_a_failure_still_last():
+    # Each step is repeated after an interrupt, as the callers do; a failure may then be
+    # remembered with no key left (a cost, not an error), never forgotten early.
+    lines_of = {f.__code__ for f in vars(LaneAccesses).values() if callable(f)}
+    for n in range(1, 400):
+        accesses, lines, hit = LaneAccesses(8, 8), [0], [False]
+
+        def local(frame, event, arg):
+            if event == "line":
+                lines[0] += 1
+                if lines[0] == n:
+                    hit[0] = True
+                    raise KeyboardInterrupt
+            return local
+
+        def step(call):
+            sys.settrace(lambda frame, event, arg: local if frame.f_code in lines_of else None)
+            try:
+                call()
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(None)
+            call()
+
+        def store(seq, cpu, failed=False):
+            step(lambda: accesses.record("store", keys_of([], cpu), seq))
+            if failed:
+                step(lambda: accesses.fail("store", seq, f"job {seq}", "cpu"))
+            step(lambda: accesses.retire("store", seq))
+
+        store(1, [0, 1, 2, 3, 3], failed=True)
+        step(lambda: accesses.first_failed("store", "cpu", np.arange(4)))
+        assert all(accesses.first_failed("store", "cpu", [k]) == "job 1" for k in range(4))
+        store(2, [0, 1, 1, 5])
+        assert accesses.first_failed("store", "cpu", np.arange(2)) is None
+        assert accesses.first_failed("store", "cpu", np.arange(4)) == "job 1"
+        store(3, [3, 2, 6], failed=True)
+        assert accesses.first_failed("store", "cpu", np.arange(4)) == "job 3"
+        store(4, [2, 3, 6])
+        assert accesses.first_failed("store", "cpu", np.arange(8)) is None
+        assert not accesses.has_failed("store") or hit[0]
+        if not hit[0]:
+            break
+    assert n > 50

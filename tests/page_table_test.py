@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given, settings
 
 from kvoffload import _C
-from kvoffload.page_table import (UNIT_BYTES, chunk_keyed_groups, job_arguments, key_offsets, page_table,
-                                  whole_chunks)
+from kvoffload.page_table import UNIT_BYTES, ChunkParts, job_arguments, key_offsets, page_table
 from kvoffload.planner import GroupLayout, KVLayout, TensorLayout, plan_transfer
 from layouts import transfers
 
@@ -144,53 +143,51 @@ def _has_gpu():
     return torch.cuda.is_available()
 
 
-def overlaps(a, b):
-    """Whether two lists of (address, size) byte ranges share a byte."""
-    a, b = sorted(a), sorted(b)
-    i = j = 0
-    while i < len(a) and j < len(b):
-        if a[i][0] < b[j][0] + b[j][1] and b[j][0] < a[i][0] + a[i][1]:
-            return True
-        if a[i][0] + a[i][1] <= b[j][0] + b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return False
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_keys_of_groups_sharing_a_cpu_tensor_with_other_pages_meet_where_bytes_do(seed):
+@pytest.mark.parametrize("seed", range(40))
+def test_groups_sharing_cpu_tensors_key_parts_that_every_sub_block_covers_whole_or_not_at_all(seed):
+    # A key's bytes are those of one signature (the sub-blocks that cover them): then a
+    # job touching a key touches all of its bytes, and jobs share a key where they share
+    # a byte. Groups share tensor T, with pages of their own, and may have tensors of their own.
     rng = np.random.default_rng(seed)
-    bpc, chunks, blocks = int(rng.integers(1, 5)), 12, 40
-    pages = [int(p) for p in rng.choice([128, 256, 384, 512], 2, replace=False)]
-    stride = bpc * max(pages)
-    layout = KVLayout(tuple(GroupLayout((TensorLayout((g + 1) << 30, 4096, pages[g], 1 << 40, stride),),
-                                        blocks, chunks) for g in range(2)), bpc)
-    assert layout.cpu_alias == (0, 0) and chunk_keyed_groups(layout) == [0, 1]
-    gpu_offset, cpu_offset, _, _ = key_offsets(layout)
+    bpc, chunks, blocks, n = int(rng.integers(1, 5)), 3, 8, int(rng.integers(2, 4))
+    pages = [[int(p) for p in rng.choice([128, 256, 384, 512], 1 + int(rng.integers(0, 2)))] for _ in range(n)]
+    pitches = [max(p[0] for p in pages)] + [p[1] for p in pages if len(p) > 1]
+    stride, at, groups, own = bpc * sum(pitches), 1 << 40, [], 1
+    for g, group in enumerate(pages):
+        tensors = [TensorLayout(1 << 30, 4096, group[0], at, stride)]
+        if len(group) > 1:
+            tensors.append(TensorLayout((g + 2) << 30, 4096, group[1], at + bpc * sum(pitches[:own]), stride))
+            own += 1
+        groups.append(GroupLayout(tuple(tensors), blocks, chunks))
+    layout = KVLayout(tuple(groups), bpc)
+    parts = ChunkParts.of(layout)
+    gpu_offset, cpu_offset, _, cpu_keys = key_offsets(layout, parts)
     table = page_table(layout)
-    hits = 0
-    for _ in range(50):
-        jobs = []
-        for g in range(2):
-            n, first = int(rng.integers(1, 3 * bpc)), int(rng.integers(0, bpc))
-            used = -(-(n + first % bpc) // bpc)
-            sizes, firsts = [n if h == g else 0 for h in range(2)], [first if h == g else 0 for h in range(2)]
-            ids = (rng.permutation(blocks)[:n], rng.permutation(chunks)[:used], sizes, firsts)
-            _, cpu_keys = table.keys(table.prepare(*ids), gpu_offset, cpu_offset)
-            whole_chunks(cpu_keys, sizes, chunk_keyed_groups(layout), cpu_offset, bpc)
-            _, host, size = table.unit_copies(*ids)
-            jobs.append((set(cpu_keys.tolist()), list(zip(host.tolist(), size.tolist()))))
-        if overlaps(jobs[0][1], jobs[1][1]):
-            hits += 1
-            assert jobs[0][0] & jobs[1][0], "the jobs share CPU bytes but no key"
-    assert hits > 0
+    signature_of_byte, signature_of_key = {}, {}
+    for g in range(n):
+        for c in range(chunks):
+            for k in range(bpc):
+                sizes, firsts = [int(h == g) for h in range(n)], [k * (h == g) for h in range(n)]
+                ids = ([0], [c], sizes, firsts)
+                _, keys = table.keys(table.prepare(*ids), gpu_offset, cpu_offset)
+                keys = parts.keys(keys, sizes, cpu_offset)
+                assert ((0 <= keys) & (keys < cpu_keys)).all() and len(set(keys.tolist())) == len(keys)
+                for key in keys.tolist():
+                    signature_of_key.setdefault(key, set()).add((g, c, k))
+                _, host, size = table.unit_copies(*ids)
+                for start, length in zip(host.tolist(), size.tolist()):
+                    for byte in range(start, start + length):
+                        signature_of_byte.setdefault(byte, set()).add((g, c, k))
+    signatures = {frozenset(s) for s in signature_of_byte.values()}
+    assert {frozenset(s) for s in signature_of_key.values()} == signatures
+    assert len(signature_of_key) == len(signatures)
 
 
-def test_groups_that_share_with_equal_pages_keep_sub_block_keys():
+def test_groups_that_share_one_tensor_with_equal_pages_keep_sub_block_keys():
     layout = KVLayout(tuple(GroupLayout((TensorLayout((g + 1) << 30, 4096, 256, 1 << 40, 1024),), 8, 4)
                             for g in range(2)), 4)
-    assert layout.cpu_alias == (0, 0) and chunk_keyed_groups(layout) == []
+    assert layout.cpu_alias == (0, 0) and ChunkParts.of(layout).of_sub_block == (None, None)
+    assert key_offsets(layout, ChunkParts.of(layout))[3] == 16
 
 
 @pytest.mark.parametrize("options, message", [

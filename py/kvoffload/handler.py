@@ -46,7 +46,7 @@ from kvoffload.host_pool import (HostPool, PoolOptions, chunk_runs, chunks_reach
                                  tensor_owners)
 from kvoffload.lane_accesses import LaneAccesses, LazyKeys
 from kvoffload.lane_conflicts import LaneConflicts
-from kvoffload.page_table import chunk_keyed_groups, job_arguments, key_offsets, page_table, whole_chunks
+from kvoffload.page_table import ChunkParts, job_arguments, key_offsets, page_table
 from kvoffload.ordering import PendingWrites, safe_order
 from kvoffload.planner import (CPUSpec, GPUSpec, _require_int, check_shared, chunks_used, plan_transfer,
                                tensor_pages)
@@ -75,7 +75,7 @@ class _Job:
     direction: Direction
     lane: str
     bytes: int
-    keys: LazyKeys | None  # flat GPU block and CPU sub-block numbers (PageTable.keys), until started
+    keys: LazyKeys | None  # flat GPU block and CPU part numbers (page_table.key_offsets), until started
     descriptors: np.ndarray | None = None
     handle: object = None
     seq: int = 0  # submission number
@@ -85,13 +85,11 @@ class _Job:
         return self.direction is Direction.STORE
 
 
-def _job_keys(table, gpu_offset, cpu_offset, chunk_keyed, blocks_per_chunk, prepared, group_sizes):
+def _job_keys(table, gpu_offset, cpu_offset, parts, prepared, group_sizes):
     """A job's (gpu, cpu) keys. A function, not a method: LaneAccesses keeps it until the
     job retires, and a reference to the handler would keep a dropped handler's pool."""
     gpu_keys, cpu_keys = table.keys(prepared, gpu_offset, cpu_offset)
-    if chunk_keyed:
-        whole_chunks(cpu_keys, group_sizes, chunk_keyed, cpu_offset, blocks_per_chunk)
-    return gpu_keys, cpu_keys
+    return gpu_keys, parts.keys(cpu_keys, group_sizes, cpu_offset)
 
 
 def bpc_bytes(layout, tensor) -> int:
@@ -227,14 +225,13 @@ class OffloadHandler:
         self._lock = threading.RLock()
         self._in_flight: dict[Hashable, _Job] = {}
         self._lane_jobs = {lane: collections.deque() for lane in lanes}  # in flight, oldest first
-        self._gpu_offset, self._cpu_offset, gpu_keys, cpu_keys = key_offsets(self.layout)
+        # CPU keys name parts of chunks: sub-blocks, or less where groups share CPU tensors.
+        self._parts = ChunkParts.of(self.layout)
+        self._gpu_offset, self._cpu_offset, gpu_keys, cpu_keys = key_offsets(self.layout, self._parts)
         # Which jobs each job waits for. Page jobs (which need no copy order) find them on
         # the lanes' enqueue thread; other jobs here.
         self._conflicts = LaneConflicts(gpu_keys, cpu_keys, self._lanes.done)
-        self._accesses = LaneAccesses(gpu_keys, cpu_keys)  # the last store of each CPU sub-block, for failures
-        # Groups that share CPU tensors with other pages: their sub-blocks lie at other
-        # offsets, so their keys name whole chunks.
-        self._chunk_keyed = chunk_keyed_groups(self.layout)
+        self._accesses = LaneAccesses(gpu_keys, cpu_keys)  # the last store of each CPU part, for failures
         self._unstarted: _Job | None = None  # see _start_unstarted
         self._submitted = 0
         self._ids: set = set()  # every job id ever submitted, for wait()
@@ -278,8 +275,7 @@ class OffloadHandler:
             self.pool.require_pinned(chunks_reach(self.layout, cpu.chunk_ids, used), job_id)
             job = _Job(job_id, direction, "expedited" if expedite else direction.value, nbytes,
                        LazyKeys(functools.partial(_job_keys, self._table, self._gpu_offset, self._cpu_offset,
-                                                 self._chunk_keyed, self.layout.blocks_per_chunk,
-                                                 prepared, gpu.group_sizes)))
+                                                 self._parts, prepared, gpu.group_sizes)))
             self._collect()
             return self._submit(job, plan, prepared)
 

@@ -12,7 +12,10 @@ costs nothing here.
 
 A job that failed (fail()) is remembered from its retirement on, for first_failed, until
 later jobs of its lane have written again every key it wrote; until then every job of
-its lane that retires is written, and once none is left, writing stops again."""
+its lane that retires is written, and once none is left, writing stops again. Beside
+the table of the side they wrote, another names the remembered failure that last wrote
+each key (or 0), and each failure counts the keys it still holds: a write costs the same
+however many failures are remembered."""
 
 from __future__ import annotations
 
@@ -49,9 +52,12 @@ class LaneAccesses:
         self._noted: dict[str, int] = collections.defaultdict(int)  # per lane, the last seq recorded
         # Per lane, seq -> (what, side written) of failed jobs not yet retired.
         self._failing: dict[str, dict] = collections.defaultdict(dict)
-        # Per lane, seq -> (what, side written, keys) of the retired failed jobs still last
-        # to touch a key of the side they wrote.
+        # Per lane, seq -> [what, side written, how many keys of it they still touched last]
+        # of the retired failed jobs still last to touch a key of the side they wrote.
         self._failed: dict[str, dict] = collections.defaultdict(dict)
+        # (lane, side) -> per key, the failed job of _failed that last touched it, or 0;
+        # made on the lane's first failure.
+        self._failed_at: dict[tuple[str, str], np.ndarray] = {}
 
     def record(self, lane: str, keys, seq: int) -> None:
         """Job number ``seq`` of ``lane`` touches the keys ``keys()`` returns as (gpu,
@@ -84,20 +90,36 @@ class LaneAccesses:
             if (failed or failure is not None) and entry[2] is False:
                 self._write_entry(lane, entry)
             if failure is not None and entry[2]:  # (a job never written wrote no key last)
-                failed[entry[0]] = (*failure, entry[1])
+                self._remember(lane, entry, *failure)
             jobs.popleft()
             failing.pop(entry[0], None)
-        if failed:
-            self._forget_rewritten(lane)
 
-    def _forget_rewritten(self, lane: str) -> None:
-        """Forgets the lane's failed jobs that are no longer the last to touch any key of
-        the side they wrote."""
-        failed = self._failed[lane]
-        for seq, (_, side, keys) in list(failed.items()):
-            table, touched = self._tables[lane, side], keys()[SIDES.index(side)]
-            if not (table[touched] == seq).any():
-                del failed[seq]
+    def _remember(self, lane: str, entry: list, what: Hashable, side: str) -> None:
+        """Remembers a failed job, written, for the keys of ``side`` it still touched last
+        (again after an interrupt: the same)."""
+        seq, keys = entry[0], entry[1]()[SIDES.index(side)]
+        last = np.unique(keys[self._tables[lane, side][keys] == seq])
+        if last.size:
+            if (lane, side) not in self._failed_at:
+                self._failed_at[lane, side] = np.zeros(self._sizes[side], dtype=np.int64)
+            self._failed[lane][seq] = [what, side, last.size]  # (before a key names it)
+            self._failed_at[lane, side][last] = seq
+
+    def _rewritten(self, lane: str, side: str, keys: np.ndarray) -> None:
+        """A later job of ``lane`` wrote these keys (in range): the failed jobs that last
+        touched them no longer do, and those left with no key are forgotten."""
+        failed_at = self._failed_at.get((lane, side))
+        if failed_at is None:
+            return
+        taken = np.unique(keys[failed_at[keys] != 0])
+        if taken.size:
+            seqs, counts = np.unique(failed_at[taken], return_counts=True)
+            failed_at[taken] = 0  # (before counting down: an interrupt leaves a count high, not low)
+            failed = self._failed[lane]
+            for seq, n in zip(seqs.tolist(), counts.tolist()):
+                failed[seq][2] -= n
+                if failed[seq][2] <= 0:
+                    del failed[seq]
 
     def _flush(self, lane: str) -> None:
         for entry in self._jobs[lane]:
@@ -121,6 +143,10 @@ class LaneAccesses:
                 self._tables[lane, side] = np.zeros(self._sizes[side], dtype=np.int64)
             tables.append(self._tables[lane, side])
         _C.tables_fill(tables[0], gpu, tables[1], cpu, seq)
+        # An interrupt here leaves the entry unwritten: it is written again, and this
+        # done, before any table is read.
+        for side, keys in zip(SIDES, (gpu, cpu)):
+            self._rewritten(lane, side, keys)
 
     def touching(self, lane: str, side: str, keys: np.ndarray, since: int) -> np.ndarray:
         """The numbers >= since of ``lane``'s jobs that last touched one of these keys,
@@ -134,18 +160,12 @@ class LaneAccesses:
     def first_failed(self, lane: str, side: str, keys: np.ndarray) -> Hashable | None:
         """What fail() said of a retired failed job of ``lane`` that wrote ``side`` and
         was the last of its lane to touch one of these keys, or None."""
-        failed = self._failed[lane]
-        if not failed:
+        if not self._failed[lane]:
             return None
         self._flush(lane)
-        table = self._tables.get((lane, side))
-        if table is None or len(keys) == 0:
+        failed_at = self._failed_at.get((lane, side))
+        if failed_at is None or len(keys) == 0:
             return None
-        seqs = table[keys]
-        numbers = np.array([seq for seq, (_, wrote, _) in failed.items() if wrote == side], dtype=np.int64)
-        if numbers.size == 0:
-            return None
-        # A lookup table over the failed jobs' numbers: one pass, no sort of seqs.
-        kind = "table" if numbers.max() - numbers.min() < (1 << 24) else None
-        hit = np.isin(seqs, numbers, kind=kind)
-        return failed[int(seqs[np.argmax(hit)])][0] if hit.any() else None
+        seqs = failed_at[keys]
+        hit = np.flatnonzero(seqs)
+        return self._failed[lane][int(seqs[hit[0]])][0] if hit.size else None
