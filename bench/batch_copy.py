@@ -66,6 +66,10 @@ flags.DEFINE_bool("both", True, "Also measure stores and loads at once (directio
 UNCHECKED = dict(registry=kv.UNCHECKED)
 
 
+def _with_stream(copy, stream, src, dst, sizes):
+    return copy(src, dst, sizes, stream)
+
+
 def gpu_methods(direction):
     """name -> copy(src, dst, sizes, stream)."""
     load = direction == "h2d"
@@ -175,15 +179,16 @@ def measure_gpu(rng, rows, machine):
         src, dst = (pools[e].data_ptr() for e in ends[direction])
         return lambda: kv.batch_copy([src], [dst], [moved], stream, per_copy=True, **UNCHECKED)
 
-    def measure(row, copies, kib, stream):
-        """Fills in row's rate alone and, at the interference sizes, beside each loop."""
+    def measure(row, copies, kib, stream, pieces=None):
+        """Fills in row's rate alone and, at the interference sizes, beside each loop
+        (there in ``pieces``, if given, between which the loop is fed)."""
         best, host = min(time_gpu(torch, stream, lambda: [c() for c in copies])
                          for _ in range(FLAGS.repeats))
         rows.append(dict(row, seconds=best, submit_seconds=host))
         if kib not in FLAGS.interference_kib or row["method"] not in FLAGS.interference_methods:
             return
         for workload, loop in loops.items():
-            got = loop.beside(stream, lambda: [c() for _ in range(FLAGS.passes) for c in copies],
+            got = loop.beside(stream, (pieces or copies) * FLAGS.passes,
                               FLAGS.passes * moved * len(copies), FLAGS.passes * best)
             if got is None:
                 print(f"{row['method']} {row['direction']} {kib} KiB: the {workload} loop did not "
@@ -216,16 +221,18 @@ def measure_gpu(rng, rows, machine):
             sizes = np.full(count, block, dtype=np.int64)
             jobs[direction] = pages.job(rng, count)
             for method in FLAGS.methods:
+                pieces = None  # a page job is enqueued in microseconds: one piece
                 if method.startswith("pages_"):
                     copy = functools.partial(pages.copy, jobs[direction], direction == "h2d", stream,
                                              method == "pages_staged")
                 else:
-                    copy = functools.partial(methods[method], s, d, sizes, stream)
+                    run = functools.partial(_with_stream, methods[method], stream)
+                    copy, pieces = functools.partial(run, s, d, sizes), compute_loop.in_pieces(run, s, d, sizes)
                 row = dict(method=method, direction=direction, block_bytes=block)
                 if method.startswith("auto"):  # the candidate it takes for this job
                     row["chosen"] = auto.chosen(s, d, sizes, stream, direction=direction, **UNCHECKED,
                                                 max_slowdown=None if method == "auto_fastest" else auto.MAX_SLOWDOWN)
-                measure(row, [copy], kib, stream)
+                measure(row, [copy], kib, stream, pieces)
         if FLAGS.both and len(jobs) == 2:
             # Stores and loads at once, on disjoint blocks (two halves of a fresh job).
             job = pages.job(rng, count)

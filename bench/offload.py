@@ -18,6 +18,7 @@ once, against bulk copies on both GPUs at once.
 
 import dataclasses
 import datetime
+import functools
 import itertools
 import json
 import os
@@ -182,11 +183,12 @@ def beside(torch, loop, handler, specs, direction, nbytes, alone_seconds):
     their window (it waits for them through handler.fence)."""
     submitted = []
 
-    def enqueue():  # again, with fresh job ids, when the loop did not outlast the jobs
-        submitted.extend(submit(handler, specs, direction, first_id=len(specs) + len(submitted)))
-        handler.fence()
+    def one(spec):  # again, with fresh job ids, when the loop did not outlast the jobs
+        submitted.extend(submit(handler, [spec], direction, first_id=len(specs) + len(submitted)))
 
-    got = loop.beside(torch.cuda.current_stream(), enqueue, nbytes, alone_seconds)
+    # A job a piece: the loop is fed between jobs whose submission is slow (the batch copy's).
+    pieces = [functools.partial(one, spec) for spec in specs] + [handler.fence]
+    got = loop.beside(torch.cuda.current_stream(), pieces, nbytes, alone_seconds)
     finish(handler, submitted)
     return got
 

@@ -144,8 +144,8 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
             s, d = direction.ends(h, g)
             sizes = np.full(n, block, dtype=np.int64)
             # Addresses made above inside its own buffers.
-            run = CANDIDATES[method]
-            return lambda: run(s, d, sizes, stream, direction=direction, registry=UNCHECKED)
+            run = functools.partial(CANDIDATES[method], stream=stream, direction=direction, registry=UNCHECKED)
+            return functools.partial(run, s, d, sizes), compute_loop.in_pieces(run, s, d, sizes)
 
         def seconds(copy):
             torch.cuda.synchronize()
@@ -170,7 +170,7 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
             for direction in Direction:
                 for method in CANDIDATES:
                     cal.rates[f"{method} {direction.short} {pattern}"] = [
-                        moved / min(seconds(copies(method, direction, b, pattern)) for _ in range(2)) / 1e9
+                        moved / min(seconds(copies(method, direction, b, pattern)[0]) for _ in range(2)) / 1e9
                         for b in SIZES]
         if beside:
             loop = compute_loop.ComputeLoop(torch, "model", f"cuda:{device}")
@@ -179,14 +179,13 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
                     rates, slowdowns = [], []
                     for block in BESIDE_SIZES:
                         pattern = "host_runs" if CANDIDATES[method].name == "staged" else "scattered"
-                        copy = copies(method, direction, block, pattern)
+                        copy, pieces = copies(method, direction, block, pattern)
                         alone = stream_seconds(copy)
                         # Enough copies back to back that whole compute steps lie inside.
                         reps = max(4, math.ceil(4 * loop.step_seconds / alone))
                         for _ in range(3):
                             try:
-                                got = loop.beside(stream, lambda: [copy() for _ in range(reps)],
-                                                  reps * moved, reps * alone)
+                                got = loop.beside(stream, pieces * reps, reps * moved, reps * alone)
                                 break
                             except compute_loop.WindowTooShort:
                                 reps *= 4  # faster beside the loop than alone

@@ -12,13 +12,14 @@ holds about 70 of the model's steps (190 ms on the H200): a longer loop enqueued
 before the copies blocked the host until its last steps, so copies of more than that
 found no loop left to run beside. So the loop is enqueued AHEAD steps ahead of the GPU,
 polling the step AHEAD back rather than blocking in the launch queue: the warm-up and
-AHEAD steps more, then the copies, then the rest. Each step is timed from its start to
-the next one's, so that a wait between steps counts against the step before it. A step
-in the copy window whose successor was enqueued only after the GPU had finished it (the
-copies' host enqueueing outlasted the steps ahead) is counted in ``dry_steps``: its time
-holds a wait for this loop's host thread, which a model fed from its own thread would
-not see, and the slowdown then says nothing. (An idle gap between steps is no such sign
-by itself: the GPU can hold the next step back behind copies.)
+AHEAD steps more, then the copies (between pieces of them, as many steps as need no
+wait), then the rest. Each step is timed from its start to the next one's, so that a
+wait between steps counts against the step before it. A step in the copy window whose
+successor was enqueued only after the GPU had finished it (the copies' host enqueueing
+outlasted the steps ahead) is counted in ``dry_steps``: its time holds a wait for this
+loop's host thread, which a model fed from its own thread would not see, and the
+slowdown then says nothing. (An idle gap between steps is no such sign by itself: the
+GPU can hold the next step back behind copies.)
 GB/s is taken over the copies' own window, from events on their stream. Step time is
 the mean of the steps whose events lie inside that window, against the same steps of the
 same sustained loop run beside an idle stream in this process, just before and just
@@ -28,12 +29,16 @@ after (their mean; their difference is reported as the measurement's drift).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
+
+import numpy as np
 
 WORKLOADS = ("model", "gemm")
 WARM_STEPS = {"model": 20, "gemm": 60}
 AHEAD = 40  # steps enqueued ahead of the GPU, inside the launch queue
 POLL_SECONDS = 2e-4
+PIECE_BYTES = 32 << 20  # in_pieces: at 4 KiB a driver call per copy enqueues this in ~20 ms
 
 
 def _model_step(torch, device):
@@ -96,6 +101,14 @@ def _periods(events) -> list[float]:
     return [before.elapsed_time(end) / 1e3 for (before, _), end in zip(events, starts)]
 
 
+def in_pieces(copy, src, dst, sizes, piece_bytes: int = PIECE_BYTES) -> list:
+    """``copy(src, dst, sizes)`` as calls of about ``piece_bytes`` each, for beside()."""
+    ends = np.cumsum(sizes)
+    cuts = np.searchsorted(ends, np.arange(piece_bytes, ends[-1] if len(ends) else 0, piece_bytes)) + 1
+    bounds = np.unique(np.concatenate(([0], cuts, [len(sizes)])))
+    return [functools.partial(copy, src[a:b], dst[a:b], sizes[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+
 class WindowTooShort(RuntimeError):
     """The copies ended within one compute step."""
 
@@ -122,14 +135,17 @@ class ComputeLoop:
         """Per step, an event before it and one after it."""
         return [tuple(self.torch.cuda.Event(enable_timing=True) for _ in range(2)) for _ in range(steps)]
 
-    def _replay(self, events, first: int, stop: int, ahead: int = AHEAD) -> list[int]:
+    def _replay(self, events, first: int, stop: int, late: list[int], ahead: int = AHEAD,
+                wait: bool = True) -> int:
         """Steps [first, stop), each between its events, at most ``ahead`` ahead of the GPU;
-        the steps enqueued after the GPU had finished the step before."""
+        without ``wait``, only those that need no wait. Appends to ``late`` the steps
+        enqueued after the GPU had finished the step before; returns the next step."""
         torch = self.torch
-        late = []
         with torch.cuda.device(self.stream.device), torch.cuda.stream(self.stream):
             for i in range(first, stop):
                 if i >= ahead:
+                    if not wait and not events[i - ahead][1].query():
+                        return i
                     _wait(events[i - ahead][1])
                 if i and events[i - 1][1].query():
                     late.append(i)
@@ -137,19 +153,22 @@ class ComputeLoop:
                 before.record(self.stream)
                 self.graph.replay()
                 after.record(self.stream)
-        return late
+        return stop
 
     def _steps(self, steps: int) -> list[float]:
         events = self._events(steps)
-        self._replay(events, 0, steps, ahead=steps)
+        self._replay(events, 0, steps, [], ahead=steps)
         events[-1][1].synchronize()
         return _periods(events)
 
     def beside(self, copy_stream, enqueue_copies, moved_bytes: int,
                expected_seconds: float) -> Beside | None:
-        """Runs ``enqueue_copies()`` (which enqueues ``moved_bytes`` of copies on
-        copy_stream, back to back) while the loop runs, and again the loop alone. None if
-        no loop long enough covered the copies."""
+        """Runs ``enqueue_copies`` (a function, or a list of them called in turn, which
+        enqueue ``moved_bytes`` of copies on copy_stream, back to back) while the loop
+        runs, and again the loop alone. Between two functions the loop is fed the steps
+        it can take: copies whose host enqueueing is slow keep it fed if given in pieces
+        (in_pieces). None if no loop long enough covered the copies."""
+        pieces = [enqueue_copies] if callable(enqueue_copies) else list(enqueue_copies)
         torch = self.torch
         warm = WARM_STEPS[self.workload]
         for cover in (3, 8, 20):
@@ -159,16 +178,18 @@ class ComputeLoop:
             idle_before = self._steps(steps)
             torch.cuda.synchronize()
             events = self._events(steps)
-            head = min(steps, warm + AHEAD)
-            late = self._replay(events, 0, head)
+            late = []
+            fed = self._replay(events, 0, min(steps, warm + AHEAD), late)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             copy_stream.wait_event(events[warm][0])
             start.record(copy_stream)
             try:
-                enqueue_copies()
+                for piece in pieces:
+                    piece()
+                    fed = self._replay(events, fed, steps, late, wait=False)
             finally:
                 end.record(copy_stream)
-                late += self._replay(events, head, steps)
+                self._replay(events, fed, steps, late)
             torch.cuda.synchronize()
             if events[-1][1].elapsed_time(end) <= 0:  # the loop outlasted the copies
                 break
