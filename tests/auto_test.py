@@ -65,12 +65,25 @@ def test_the_kernel_on_fewer_ctas_wins_where_only_it_is_within_the_slowdown():
 def test_staged_is_predicted_at_no_more_than_its_scattered_rate_for_short_host_runs():
     # Calibrated beside the model on host runs; a job scattered on the host side moves
     # its slices by DMA of small copies, which its rate alone measures.
-    cal = table(staged__h2d__scattered=[4.5] * 6, staged__h2d__host_runs=[28] * 6,
-                beside={"staged h2d": [26] * 3, "batch h2d": [9] * 3},
-                slowdown={"staged h2d": [0.01] * 3, "batch h2d": [0.015] * 3})
-    assert choose(cal, "h2d", 4 << 10, RUNS) == ("staged", 26)
-    assert choose(cal, "h2d", 4 << 10, RUNS - 1) == ("batch", 9)
-    assert choose(cal, "h2d", 4 << 10, 0, max_slowdown=0.012) == ("staged", 4.5)
+    cal = table(staged__d2h__scattered=[4.5] * 6, staged__d2h__host_runs=[28] * 6,
+                beside={"staged d2h": [26] * 3, "batch d2h": [9] * 3},
+                slowdown={"staged d2h": [0.01] * 3, "batch d2h": [0.015] * 3})
+    assert choose(cal, "d2h", 4 << 10, RUNS) == ("staged", 26)
+    assert choose(cal, "d2h", 4 << 10, RUNS - 1) == ("batch", 9)
+    assert choose(cal, "d2h", 4 << 10, 0, max_slowdown=0.012) == ("staged", 4.5)
+
+
+@pytest.mark.parametrize("max_slowdown", [auto.MAX_SLOWDOWN, None])
+def test_a_load_with_short_host_runs_never_takes_the_staged_copy(max_slowdown):
+    # The only method within the slowdown, and the fastest alone and beside the model.
+    rates = {f"staged__{d}__{p}": [50] * 6 for d in ("h2d", "d2h") for p in calibration.PATTERNS}
+    cal = table(beside={"staged h2d": [50] * 3, "staged d2h": [50] * 3},
+                slowdown={"staged h2d": [0.0] * 3, "staged d2h": [0.0] * 3}, **rates)
+    for runs in (0, 4 << 10, auto.SMALL_LOAD_RUN - 1):
+        assert choose(cal, "h2d", 4 << 10, runs, max_slowdown)[0] != "staged"
+        assert choose(cal, kv.Direction.LOAD, 4 << 10, runs, max_slowdown)[0] != "staged"
+        assert choose(cal, "d2h", 4 << 10, runs, max_slowdown)[0] == "staged"
+    assert choose(cal, "h2d", 4 << 10, auto.SMALL_LOAD_RUN, max_slowdown)[0] == "staged"
 
 
 def test_chosen_reads_the_job_size_and_host_runs_off_the_copies(monkeypatch):

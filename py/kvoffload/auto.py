@@ -7,7 +7,8 @@ job's mean copy size; among those within ``max_slowdown`` the one fastest beside
 model wins (log-interpolated in size). ``max_slowdown=None`` ignores the model and takes
 the fastest alone. The staged copy is calibrated on host runs of RUN_BYTES: a job whose
 host side comes in shorter runs is predicted at no more than its rate alone with the
-host side scattered, which its DMA of small copies holds it to.
+host side scattered, which its DMA of small copies holds it to. A load whose host runs
+are shorter than SMALL_LOAD_RUN never takes the staged copy (see there).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ from kvoffload.vocabulary import Direction
 
 METHODS = tuple(CANDIDATES)  # the names a method may be given by
 MAX_SLOWDOWN = 0.02
+# The staged copy's DMA of a load's host runs shorter than this (which the driver moves
+# through the CPU) crashed inside cuMemcpyBatchAsync on the H200 with driver 580.159: a
+# null dereference in the driver, in one of two 12-second loops of 4 KiB loads by the
+# staged copy, where plain batches of the same copies did not crash.
+SMALL_LOAD_RUN = 64 << 10
 
 
 def mean_host_run(host: np.ndarray, sizes: np.ndarray) -> float:
@@ -40,6 +46,9 @@ def choose(cal: Calibration, direction: Direction | str, copy_bytes: float, host
            max_slowdown: float | None = MAX_SLOWDOWN) -> tuple[str, float]:
     """(method, predicted GB/s) for a job. Where no method is within max_slowdown, the
     one that slows the model least. The method is a name of copy_methods.CANDIDATES."""
+    small_load_runs = Direction.parse(direction, "direction") is Direction.LOAD and host_run_bytes < SMALL_LOAD_RUN
+    candidates = [m for m in CANDIDATES if not (small_load_runs and CANDIDATES[m].name == "staged")]
+
     def runs(method):
         return CANDIDATES[method].name == "staged" and host_run_bytes >= RUN_BYTES
 
@@ -47,7 +56,7 @@ def choose(cal: Calibration, direction: Direction | str, copy_bytes: float, host
         return cal.rate(method, direction, "host_runs" if runs(method) else "scattered", copy_bytes)
 
     if max_slowdown is None:
-        best = max(CANDIDATES, key=alone)
+        best = max(candidates, key=alone)
         return best, alone(best)
 
     def beside(method):
@@ -55,9 +64,9 @@ def choose(cal: Calibration, direction: Direction | str, copy_bytes: float, host
         short_runs = CANDIDATES[method].name == "staged" and not runs(method)
         return min(rate, alone(method)) if short_runs else rate
 
-    slowdown = {m: cal.slowdown_of(m, direction, copy_bytes) for m in CANDIDATES}
-    within = [m for m in CANDIDATES if slowdown[m] <= max_slowdown and slowdown[m] != math.inf]
-    best = max(within, key=beside) if within else min(CANDIDATES, key=slowdown.get)
+    slowdown = {m: cal.slowdown_of(m, direction, copy_bytes) for m in candidates}
+    within = [m for m in candidates if slowdown[m] <= max_slowdown and slowdown[m] != math.inf]
+    best = max(within, key=beside) if within else min(candidates, key=slowdown.get)
     return best, beside(best)
 
 
