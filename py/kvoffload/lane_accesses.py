@@ -58,6 +58,8 @@ class LaneAccesses:
         # (lane, side) -> per key, the failed job of _failed that last touched it, or 0;
         # made on the lane's first failure.
         self._failed_at: dict[tuple[str, str], np.ndarray] = {}
+        # (lane, side)s whose counts an interrupt may have left high: recounted at the next write.
+        self._recount: set[tuple[str, str]] = set()
 
     def record(self, lane: str, keys, seq: int) -> None:
         """Job number ``seq`` of ``lane`` touches the keys ``keys()`` returns as (gpu,
@@ -98,12 +100,21 @@ class LaneAccesses:
         """Remembers a failed job, written, for the keys of ``side`` it still touched last
         (again after an interrupt: the same)."""
         seq, keys = entry[0], entry[1]()[SIDES.index(side)]
+        failed = self._failed[lane]
         last = np.unique(keys[self._tables[lane, side][keys] == seq])
-        if last.size:
+        if last.size or seq in failed:
             if (lane, side) not in self._failed_at:
                 self._failed_at[lane, side] = np.zeros(self._sizes[side], dtype=np.int64)
-            self._failed[lane][seq] = [what, side, last.size]  # (before a key names it)
-            self._failed_at[lane, side][last] = seq
+            failed_at = self._failed_at[lane, side]
+            failed[seq] = [what, side, len(keys) + 1]  # (before a key names it; high until counted)
+            failed_at[last] = seq
+            # Counted from failed_at, not from last: a repeat after an interrupt may find keys
+            # a later write took in the tables, not yet in failed_at.
+            named = int(np.count_nonzero(failed_at[np.unique(keys)] == seq))
+            if named:
+                failed[seq][2] = named
+            else:
+                del failed[seq]
 
     def _rewritten(self, lane: str, side: str, keys: np.ndarray) -> None:
         """A later job of ``lane`` wrote these keys (in range): the failed jobs that last
@@ -111,15 +122,25 @@ class LaneAccesses:
         failed_at = self._failed_at.get((lane, side))
         if failed_at is None:
             return
+        failed = self._failed[lane]
+        if (lane, side) in self._recount:
+            seqs, counts = np.unique(failed_at[failed_at != 0], return_counts=True)
+            held = dict(zip(seqs.tolist(), counts.tolist()))
+            for seq in [s for s, f in failed.items() if f[1] == side]:
+                failed[seq][2] = held.get(seq, 0)
+                if not failed[seq][2]:
+                    del failed[seq]
+            self._recount.discard((lane, side))
         taken = np.unique(keys[failed_at[keys] != 0])
         if taken.size:
             seqs, counts = np.unique(failed_at[taken], return_counts=True)
-            failed_at[taken] = 0  # (before counting down: an interrupt leaves a count high, not low)
-            failed = self._failed[lane]
+            self._recount.add((lane, side))  # (an interrupt below leaves a count high: recounted)
+            failed_at[taken] = 0
             for seq, n in zip(seqs.tolist(), counts.tolist()):
                 failed[seq][2] -= n
                 if failed[seq][2] <= 0:
                     del failed[seq]
+            self._recount.discard((lane, side))
 
     def _flush(self, lane: str) -> None:
         for entry in self._jobs[lane]:
