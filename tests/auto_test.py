@@ -79,11 +79,11 @@ def test_a_load_with_short_host_runs_never_takes_the_staged_copy(max_slowdown):
     rates = {f"staged__{d}__{p}": [50] * 6 for d in ("h2d", "d2h") for p in calibration.PATTERNS}
     cal = table(beside={"staged h2d": [50] * 3, "staged d2h": [50] * 3},
                 slowdown={"staged h2d": [0.0] * 3, "staged d2h": [0.0] * 3}, **rates)
-    for runs in (0, 4 << 10, auto.SMALL_LOAD_RUN - 1):
+    for runs in (0, 4 << 10, calibration.SMALL_LOAD_RUN - 1):
         assert choose(cal, "h2d", 4 << 10, runs, max_slowdown)[0] != "staged"
         assert choose(cal, kv.Direction.LOAD, 4 << 10, runs, max_slowdown)[0] != "staged"
         assert choose(cal, "d2h", 4 << 10, runs, max_slowdown)[0] == "staged"
-    assert choose(cal, "h2d", 4 << 10, auto.SMALL_LOAD_RUN, max_slowdown)[0] == "staged"
+    assert choose(cal, "h2d", 4 << 10, calibration.SMALL_LOAD_RUN, max_slowdown)[0] == "staged"
 
 
 def test_chosen_reads_the_job_size_and_host_runs_off_the_copies(monkeypatch):

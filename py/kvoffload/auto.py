@@ -8,7 +8,7 @@ model wins (log-interpolated in size). ``max_slowdown=None`` ignores the model a
 the fastest alone. The staged copy is calibrated on host runs of RUN_BYTES: a job whose
 host side comes in shorter runs is predicted at no more than its rate alone with the
 host side scattered, which its DMA of small copies holds it to. A load whose host runs
-are shorter than SMALL_LOAD_RUN never takes the staged copy (see there).
+are shorter than calibration.SMALL_LOAD_RUN never takes the staged copy (see there).
 """
 
 from __future__ import annotations
@@ -20,17 +20,12 @@ import numpy as np
 
 from kvoffload import calibration as calibrations
 from kvoffload.batch_copy import CopyResult, SrcAccessOrder, copy_arguments, stream_device
-from kvoffload.calibration import RUN_BYTES, Calibration
+from kvoffload.calibration import RUN_BYTES, SMALL_LOAD_RUN, Calibration
 from kvoffload.copy_methods import CANDIDATES, CopyMethod, copy_method
 from kvoffload.vocabulary import Direction
 
 METHODS = tuple(CANDIDATES)  # the names a method may be given by
 MAX_SLOWDOWN = 0.02
-# The staged copy's DMA of a load's host runs shorter than this (which the driver moves
-# through the CPU) crashed inside cuMemcpyBatchAsync on the H200 with driver 580.159: a
-# null dereference in the driver, in one of two 12-second loops of 4 KiB loads by the
-# staged copy, where plain batches of the same copies did not crash.
-SMALL_LOAD_RUN = 64 << 10
 
 
 def mean_host_run(host: np.ndarray, sizes: np.ndarray) -> float:
