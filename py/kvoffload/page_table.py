@@ -51,7 +51,7 @@ def key_offsets(layout: KVLayout, parts: "ChunkParts") -> tuple[np.ndarray, np.n
     return gpu, cpu, gpu_keys, cpu_keys
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # (arrays: compared by identity)
 class ChunkParts:
     """What a CPU key names: a part, the most bytes of a chunk that every sub-block of
     the groups sharing its tensors covers whole or not at all. A job touching a key then
