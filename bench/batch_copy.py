@@ -225,13 +225,18 @@ def measure_gpu(rng, rows, machine):
                 if method.startswith("pages_"):
                     copy = functools.partial(pages.copy, jobs[direction], direction == "h2d", stream,
                                              method == "pages_staged")
-                else:
-                    run = functools.partial(_with_stream, methods[method], stream)
-                    copy, pieces = functools.partial(run, s, d, sizes), compute_loop.in_pieces(run, s, d, sizes)
                 row = dict(method=method, direction=direction, block_bytes=block)
                 if method.startswith("auto"):  # the candidate it takes for this job
                     row["chosen"] = auto.chosen(s, d, sizes, stream, direction=direction, **UNCHECKED,
                                                 max_slowdown=None if method == "auto_fastest" else auto.MAX_SLOWDOWN)
+                if not method.startswith("pages_"):
+                    run = functools.partial(_with_stream, methods[method], stream)
+                    copy = functools.partial(run, s, d, sizes)
+                    # In pieces where the host enqueues per copy (a staged copy in pieces
+                    # would drain its ring between them).
+                    kind = row.get("chosen") or next(m for m in copy_methods.METHODS if method.startswith(m))
+                    if copy_methods.copy_method(kind).enqueues_per_copy:
+                        pieces = compute_loop.in_pieces(run, s, d, sizes)
                 measure(row, [copy], kib, stream, pieces)
         if FLAGS.both and len(jobs) == 2:
             # Stores and loads at once, on disjoint blocks (two halves of a fresh job).

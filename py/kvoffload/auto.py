@@ -7,8 +7,9 @@ job's mean copy size; among those within ``max_slowdown`` the one fastest beside
 model wins (log-interpolated in size). ``max_slowdown=None`` ignores the model and takes
 the fastest alone. The staged copy is calibrated on host runs of RUN_BYTES: a job whose
 host side comes in shorter runs is predicted at no more than its rate alone with the
-host side scattered, which its DMA of small copies holds it to. A load whose host runs
-are shorter than calibration.SMALL_LOAD_RUN never takes the staged copy (see there).
+host side scattered, which its DMA of small copies holds it to. A load with a host run
+(in address order) shorter than calibration.SMALL_LOAD_RUN never takes the staged copy
+(see there).
 """
 
 from __future__ import annotations
@@ -28,6 +29,23 @@ METHODS = tuple(CANDIDATES)  # the names a method may be given by
 MAX_SLOWDOWN = 0.02
 
 
+def shortest_host_run(host: np.ndarray, sizes: np.ndarray) -> float:
+    """Bytes in the shortest run of host ranges that follow each other in address order,
+    as the staged copy's DMA issues them; 0 where two ranges overlap (one read twice).
+    Sorts the runs found in the order given: cheap where they are long."""
+    if len(sizes) == 0:
+        return math.inf
+    starts = np.concatenate(([0], np.flatnonzero(host[1:] != host[:-1] + sizes[:-1]) + 1))
+    first, length = host[starts], np.add.reduceat(sizes, starts)
+    order = np.argsort(first, kind="stable")
+    first, length = first[order], length[order]
+    end = first + length
+    if (first[1:] < end[:-1]).any():
+        return 0.0
+    merged = np.concatenate(([0], np.flatnonzero(first[1:] != end[:-1]) + 1))
+    return float(np.add.reduceat(length, merged).min())
+
+
 def mean_host_run(host: np.ndarray, sizes: np.ndarray) -> float:
     """Mean bytes per run of copies whose host ranges follow each other, in the order
     given (the planner emits each tensor's sub-blocks of a chunk in address order)."""
@@ -38,17 +56,26 @@ def mean_host_run(host: np.ndarray, sizes: np.ndarray) -> float:
 
 
 def choose(cal: Calibration, direction: Direction | str, copy_bytes: float, host_run_bytes: float,
-           max_slowdown: float | None = MAX_SLOWDOWN) -> tuple[str, float]:
-    """(method, predicted GB/s) for a job. Where no method is within max_slowdown, the
-    one that slows the model least. The method is a name of copy_methods.CANDIDATES."""
-    small_load_runs = Direction.parse(direction, "direction") is Direction.LOAD and host_run_bytes < SMALL_LOAD_RUN
-    candidates = [m for m in CANDIDATES if not (small_load_runs and CANDIDATES[m].name == "staged")]
+           max_slowdown: float | None = MAX_SLOWDOWN, shortest_run: float | None = None) -> tuple[str, float]:
+    """(method, predicted GB/s) for a job whose host runs are host_run_bytes long on
+    average and shortest_run (default: the mean) at the least, in address order. Where
+    no method is within max_slowdown, the one that slows the model least. The method is a
+    name of copy_methods.CANDIDATES."""
+    load = Direction.parse(direction, "direction") is Direction.LOAD
+    shortest = host_run_bytes if shortest_run is None else shortest_run
+    candidates = [m for m in CANDIDATES
+                  if not (load and shortest < SMALL_LOAD_RUN and CANDIDATES[m].name == "staged")]
 
     def runs(method):
         return CANDIDATES[method].name == "staged" and host_run_bytes >= RUN_BYTES
 
     def alone(method):
-        return cal.rate(method, direction, "host_runs" if runs(method) else "scattered", copy_bytes)
+        if runs(method):
+            return cal.rate(method, direction, "host_runs", copy_bytes)
+        # The staged copy's DMA moves whole host runs, and loads of runs shorter than
+        # SMALL_LOAD_RUN are neither taken nor measured (their rate is recorded as 0).
+        staged_load = load and CANDIDATES[method].name == "staged"
+        return cal.rate(method, direction, "scattered", max(copy_bytes, SMALL_LOAD_RUN) if staged_load else copy_bytes)
 
     if max_slowdown is None:
         best = max(candidates, key=alone)
@@ -95,7 +122,10 @@ def chosen(src, dst, sizes, stream=None, *, direction: Direction | str,
     cal = calibrations.calibration(stream_device(stream))
     host = direction.host_of(src, dst)
     mean = float(sizes.mean()) if len(sizes) else 0.0
-    return choose(cal, direction, mean, mean_host_run(host, sizes), max_slowdown)[0]
+    runs = mean_host_run(host, sizes)
+    # (A mean under SMALL_LOAD_RUN rules the staged copy out already.)
+    shortest = shortest_host_run(host, sizes) if direction is Direction.LOAD and runs >= SMALL_LOAD_RUN else None
+    return choose(cal, direction, mean, runs, max_slowdown, shortest)[0]
 
 
 def check_max_slowdown(max_slowdown) -> None:

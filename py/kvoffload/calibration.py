@@ -157,7 +157,10 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
             sizes = np.full(n, block, dtype=np.int64)
             # Addresses made above inside its own buffers.
             run = functools.partial(CANDIDATES[method], stream=stream, direction=direction, registry=UNCHECKED)
-            return functools.partial(run, s, d, sizes), compute_loop.in_pieces(run, s, d, sizes)
+            whole = functools.partial(run, s, d, sizes)
+            # In pieces beside the loop where the host enqueues per copy (a staged copy in
+            # pieces would drain its ring between them).
+            return whole, compute_loop.in_pieces(run, s, d, sizes) if CANDIDATES[method].enqueues_per_copy else [whole]
 
         def seconds(copy):
             torch.cuda.synchronize()

@@ -42,6 +42,7 @@ class PerCopy:
     """One cudaMemcpyAsync per copy."""
 
     name: ClassVar[str] = "per_copy"
+    enqueues_per_copy: ClassVar[bool] = True  # host work per copy: fed to compute_loop in pieces
 
     def __call__(self, src, dst, sizes, stream=None, *, direction: Direction | str,
                  order=SrcAccessOrder.STREAM, registry) -> CopyResult:
@@ -53,6 +54,7 @@ class Batch:
     """The driver's batch copy (cuMemcpyBatchAsync)."""
 
     name: ClassVar[str] = "batch"
+    enqueues_per_copy: ClassVar[bool] = True  # host work per copy: fed to compute_loop in pieces
 
     def __call__(self, src, dst, sizes, stream=None, *, direction: Direction | str,
                  order=SrcAccessOrder.STREAM, registry) -> CopyResult:
@@ -64,6 +66,7 @@ class Kernel:
     """The SM copy kernel on at most ``max_ctas`` CTAs."""
 
     name: ClassVar[str] = "kernel"
+    enqueues_per_copy: ClassVar[bool] = False  # host work per copy: fed to compute_loop in pieces
     max_ctas: int = _option(KERNEL_CTAS)
 
     def __post_init__(self):
@@ -80,6 +83,7 @@ class Staged:
     gather or scatter kernel of at most ``max_ctas`` CTAs."""
 
     name: ClassVar[str] = "staged"
+    enqueues_per_copy: ClassVar[bool] = False  # host work per copy: fed to compute_loop in pieces
     slot_bytes: int = _option(STAGED_SLOT_BYTES, bits=64)
     slots: int = _option(STAGED_SLOTS)
     max_ctas: int = _option(KERNEL_CTAS)
