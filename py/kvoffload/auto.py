@@ -74,8 +74,8 @@ def choose(cal: Calibration, direction: Direction | str, copy_bytes: float, host
             return cal.rate(method, direction, "host_runs", copy_bytes)
         # The staged copy's DMA moves whole host runs, and loads of runs shorter than
         # SMALL_LOAD_RUN are neither taken nor measured (their rate is recorded as 0).
-        staged_load = load and CANDIDATES[method].name == "staged"
-        return cal.rate(method, direction, "scattered", max(copy_bytes, SMALL_LOAD_RUN) if staged_load else copy_bytes)
+        size = max(copy_bytes, SMALL_LOAD_RUN) if load and CANDIDATES[method].name == "staged" else copy_bytes
+        return cal.rate(method, direction, "scattered", size)
 
     if max_slowdown is None:
         best = max(candidates, key=alone)

@@ -119,10 +119,9 @@ class LaneAccesses:
     def _rewritten(self, lane: str, side: str, keys: np.ndarray) -> None:
         """A later job of ``lane`` wrote these keys (in range): the failed jobs that last
         touched them no longer do, and those left with no key are forgotten."""
-        failed_at = self._failed_at.get((lane, side))
-        if failed_at is None:
+        failed_at, failed = self._failed_at.get((lane, side)), self._failed[lane]
+        if failed_at is None or not failed:  # (no failure remembered: no key names one)
             return
-        failed = self._failed[lane]
         if (lane, side) in self._recount:
             seqs, counts = np.unique(failed_at[failed_at != 0], return_counts=True)
             held = dict(zip(seqs.tolist(), counts.tolist()))
