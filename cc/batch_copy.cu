@@ -123,7 +123,7 @@ CopyResult BatchCopy(const CopyBatch& batch, cudaStream_t stream,
   int64_t done = 0;
   if (result.reason == PathReason::kBatchEntryPoint) {
     const int64_t per_call =
-        options.max_copies_per_call > 0 ? options.max_copies_per_call : batch.count;
+        options.max_copies_per_call > 0 ? options.max_copies_per_call : kCopiesPerDriverCall;
     std::vector<CUmemcpyAttributes> attrs;
     std::vector<size_t> first_copy;
     while (done < batch.count) {
@@ -146,6 +146,14 @@ CopyResult BatchCopy(const CopyBatch& batch, cudaStream_t stream,
   }
   if (done < batch.count) result.driver_calls += PerCopy(batch, done, stream);
   return result;
+}
+
+CopyResult StagingDma(const CopyBatch& batch, bool host_to_device, cudaStream_t stream) {
+  constexpr int64_t kThroughTheCpu = int64_t{64} << 10;
+  BatchCopyOptions options;
+  options.per_copy = host_to_device && std::any_of(batch.size, batch.size + batch.count,
+                                                   [](int64_t size) { return size < kThroughTheCpu; });
+  return BatchCopy(batch, stream, options);
 }
 
 }  // namespace kvoffload

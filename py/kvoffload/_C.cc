@@ -578,6 +578,7 @@ NB_MODULE(_C, m) {
                ", driver_calls=" + std::to_string(r.driver_calls) + ")";
       });
 
+  m.attr("COPIES_PER_DRIVER_CALL") = kCopiesPerDriverCall;
   // Array arguments take None too, so that Int64Array's message names them.
   m.def("batch_copy", &PyBatchCopy, nb::arg("src").none(), nb::arg("dst").none(),
         nb::arg("sizes").none(), nb::arg("stream").none() = nb::none(),

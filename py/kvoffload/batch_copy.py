@@ -72,8 +72,9 @@ def batch_copy(
     stream is the legacy default stream, the driver lacks the batch call or answers
     "not supported", or ``per_copy`` is set; ``result.path`` and ``result.reason``
     say which. ``order`` is one SrcAccessOrder for all copies or one per copy;
-    ANY is safe only when nothing in flight writes the source. (Tests split the batch
-    into driver calls of at most ``_max_copies_per_call`` copies; 0: one call.)
+    ANY is safe only when nothing in flight writes the source. Driver calls take at most
+    ``_C.COPIES_PER_DRIVER_CALL`` copies each (the driver's time per copy grows with the
+    copies in one call; tests set ``_max_copies_per_call``, 0: that default).
     """
     src, dst, sizes = _checked(registry, src, dst, sizes)
     return _C.batch_copy(src, dst, sizes, stream, order, _max_copies_per_call, per_copy)
