@@ -6,7 +6,7 @@ import torch
 
 import kvoffload as kv
 from kvoffload import auto, calibration
-from kvoffload.auto import choose, mean_host_run, shortest_host_run
+from kvoffload.auto import choose, mean_host_run
 from kvoffload.calibration import Calibration
 from kvoffload.copy_methods import CANDIDATES, Kernel, copy_method
 
@@ -65,25 +65,12 @@ def test_the_kernel_on_fewer_ctas_wins_where_only_it_is_within_the_slowdown():
 def test_staged_is_predicted_at_no_more_than_its_scattered_rate_for_short_host_runs():
     # Calibrated beside the model on host runs; a job scattered on the host side moves
     # its slices by DMA of small copies, which its rate alone measures.
-    cal = table(staged__d2h__scattered=[4.5] * 6, staged__d2h__host_runs=[28] * 6,
-                beside={"staged d2h": [26] * 3, "batch d2h": [9] * 3},
-                slowdown={"staged d2h": [0.01] * 3, "batch d2h": [0.015] * 3})
-    assert choose(cal, "d2h", 4 << 10, RUNS) == ("staged", 26)
-    assert choose(cal, "d2h", 4 << 10, RUNS - 1) == ("batch", 9)
-    assert choose(cal, "d2h", 4 << 10, 0, max_slowdown=0.012) == ("staged", 4.5)
-
-
-@pytest.mark.parametrize("max_slowdown", [auto.MAX_SLOWDOWN, None])
-def test_a_load_with_short_host_runs_never_takes_the_staged_copy(max_slowdown):
-    # The only method within the slowdown, and the fastest alone and beside the model.
-    rates = {f"staged__{d}__{p}": [50] * 6 for d in ("h2d", "d2h") for p in calibration.PATTERNS}
-    cal = table(beside={"staged h2d": [50] * 3, "staged d2h": [50] * 3},
-                slowdown={"staged h2d": [0.0] * 3, "staged d2h": [0.0] * 3}, **rates)
-    for runs in (0, 4 << 10, calibration.SMALL_LOAD_RUN - 1):
-        assert choose(cal, "h2d", 4 << 10, runs, max_slowdown)[0] != "staged"
-        assert choose(cal, kv.Direction.LOAD, 4 << 10, runs, max_slowdown)[0] != "staged"
-        assert choose(cal, "d2h", 4 << 10, runs, max_slowdown)[0] == "staged"
-    assert choose(cal, "h2d", 4 << 10, calibration.SMALL_LOAD_RUN, max_slowdown)[0] == "staged"
+    cal = table(staged__h2d__scattered=[4.5] * 6, staged__h2d__host_runs=[28] * 6,
+                beside={"staged h2d": [26] * 3, "batch h2d": [9] * 3},
+                slowdown={"staged h2d": [0.01] * 3, "batch h2d": [0.015] * 3})
+    assert choose(cal, "h2d", 4 << 10, RUNS) == ("staged", 26)
+    assert choose(cal, "h2d", 4 << 10, RUNS - 1) == ("batch", 9)
+    assert choose(cal, "h2d", 4 << 10, 0, max_slowdown=0.012) == ("staged", 4.5)
 
 
 def test_chosen_reads_the_job_size_and_host_runs_off_the_copies(monkeypatch):
@@ -110,7 +97,7 @@ def test_chosen_reads_the_job_size_and_host_runs_off_the_copies(monkeypatch):
     cal.beside["batch d2h"] = [9, 30, 50]
     cal.slowdown["batch d2h"] = [0.0] * 3
     assert auto.choose(cal, "d2h", mixed.mean(), 0)[1] < 40
-    monkeypatch.setattr(auto, "choose", lambda cal, direction, copy_bytes, runs, slowdown, shortest: (str(copy_bytes), 0))
+    monkeypatch.setattr(auto, "choose", lambda cal, direction, copy_bytes, runs, slowdown: (str(copy_bytes), 0))
     assert auto.chosen(gpu, scattered, mixed, direction="d2h", registry=kv.UNCHECKED) == str(mixed.mean())
     for bad in (float("nan"), -0.01, "2%", np.float32(-1)):
         with pytest.raises(ValueError, match="max_slowdown: must be a number >= 0 or None"):
@@ -185,41 +172,3 @@ def test_auto_without_a_gpu_raises_no_cuda_device():
         with pytest.raises(kv.NoCudaDeviceError, match=r"no CUDA device"):
             auto.copy([src.ctypes.data], [dst.ctypes.data], [4096], direction=direction, registry=kv.UNCHECKED)
     assert (dst == 0xA5).all()
-
-
-def test_a_load_with_one_short_run_in_address_order_never_takes_the_staged_copy():
-    rates = {f"staged__{d}__{p}": [50] * 6 for d in ("h2d", "d2h") for p in calibration.PATTERNS}
-    cal = table(beside={"staged h2d": [50] * 3}, slowdown={"staged h2d": [0.0] * 3}, **rates)
-    long_mean = 1 << 20
-    assert choose(cal, "h2d", 4 << 10, long_mean, shortest_run=4 << 10)[0] != "staged"
-    assert choose(cal, "h2d", 4 << 10, long_mean, shortest_run=calibration.SMALL_LOAD_RUN)[0] == "staged"
-
-
-def test_staged_loads_read_their_scattered_rate_no_lower_than_the_runs_they_may_take():
-    # Scattered rates under SMALL_LOAD_RUN are recorded as 0 (never measured): a load of
-    # 16 KiB pages in 128 KiB runs reads the rate at 64 KiB, as a store would its own.
-    scattered = [0, 0, 20, 30, 40, 50]
-    cal = table(staged__h2d__scattered=scattered, staged__d2h__scattered=scattered,
-                batch__h2d__scattered=[2] * 6, batch__d2h__scattered=[2] * 6)
-    assert choose(cal, "h2d", 16 << 10, 128 << 10, max_slowdown=None) == ("staged", 20)
-
-
-@pytest.mark.parametrize("seed", range(10))
-def test_shortest_host_run_is_that_of_the_ranges_sorted_by_address(seed):
-    rng = np.random.default_rng(seed)
-    sizes = rng.choice([512, 4096, 8192], 300).astype(np.int64)
-    cuts = np.sort(rng.choice(np.arange(1, 300), int(rng.integers(0, 20)), replace=False))
-    gaps = np.zeros(300, dtype=np.int64)
-    gaps[cuts] = rng.integers(1, 5, len(cuts)) * 4096  # a gap starts a new run
-    host = np.cumsum(sizes + gaps) - sizes
-    runs = [int(sum(z)) for z in np.split(sizes, cuts)]
-    order = rng.permutation(300)  # any order: the staged copy sorts
-    assert shortest_host_run(host[order], sizes[order]) == min(runs)
-
-
-def test_a_host_range_read_twice_makes_no_run():
-    host = np.arange(64, dtype=np.int64) * 4096
-    sizes = np.full(128, 4096, dtype=np.int64)
-    assert shortest_host_run(np.concatenate([host, host]), sizes) == 0
-    assert shortest_host_run(host, sizes[:64]) == 64 * 4096
-    assert shortest_host_run(host[:0], sizes[:0]) == float("inf")

@@ -110,15 +110,3 @@ def test_the_command_line_wants_recalibrate():
         calibration.main([])
     with pytest.raises(SystemExit, match="usage"):
         calibration.main(["--recalibrate", "--devices", "1"])
-
-
-def test_staged_loads_with_host_runs_the_driver_crashed_on_are_never_measured():
-    load, store = calibration.Direction.LOAD, calibration.Direction.STORE
-    small = [size for size in calibration.SIZES if size < calibration.SMALL_LOAD_RUN]
-    assert small and all(calibration._crashes("staged", load, size, "scattered") for size in small)
-    for size in calibration.SIZES:
-        assert not calibration._crashes("staged", load, size, "host_runs")
-        assert not calibration._crashes("staged", store, size, "scattered")
-        assert not any(calibration._crashes(m, load, size, "scattered") for m in calibration.CANDIDATES
-                       if calibration.CANDIDATES[m].name != "staged")
-    assert not calibration._crashes("staged", load, calibration.SMALL_LOAD_RUN, "scattered")

@@ -7,9 +7,7 @@ job's mean copy size; among those within ``max_slowdown`` the one fastest beside
 model wins (log-interpolated in size). ``max_slowdown=None`` ignores the model and takes
 the fastest alone. The staged copy is calibrated on host runs of RUN_BYTES: a job whose
 host side comes in shorter runs is predicted at no more than its rate alone with the
-host side scattered, which its DMA of small copies holds it to. A load with a host run
-(in address order) shorter than calibration.SMALL_LOAD_RUN never takes the staged copy
-(see there).
+host side scattered, which its DMA of small copies holds it to.
 """
 
 from __future__ import annotations
@@ -21,29 +19,12 @@ import numpy as np
 
 from kvoffload import calibration as calibrations
 from kvoffload.batch_copy import CopyResult, SrcAccessOrder, copy_arguments, stream_device
-from kvoffload.calibration import RUN_BYTES, SMALL_LOAD_RUN, Calibration
+from kvoffload.calibration import RUN_BYTES, Calibration
 from kvoffload.copy_methods import CANDIDATES, CopyMethod, copy_method
 from kvoffload.vocabulary import Direction
 
 METHODS = tuple(CANDIDATES)  # the names a method may be given by
 MAX_SLOWDOWN = 0.02
-
-
-def shortest_host_run(host: np.ndarray, sizes: np.ndarray) -> float:
-    """Bytes in the shortest run of host ranges that follow each other in address order,
-    as the staged copy's DMA issues them; 0 where two ranges overlap (one read twice).
-    Sorts the runs found in the order given: cheap where they are long."""
-    if len(sizes) == 0:
-        return math.inf
-    starts = np.concatenate(([0], np.flatnonzero(host[1:] != host[:-1] + sizes[:-1]) + 1))
-    first, length = host[starts], np.add.reduceat(sizes, starts)
-    order = np.argsort(first, kind="stable")
-    first, length = first[order], length[order]
-    end = first + length
-    if (first[1:] < end[:-1]).any():
-        return 0.0
-    merged = np.concatenate(([0], np.flatnonzero(first[1:] != end[:-1]) + 1))
-    return float(np.add.reduceat(length, merged).min())
 
 
 def mean_host_run(host: np.ndarray, sizes: np.ndarray) -> float:
@@ -56,29 +37,17 @@ def mean_host_run(host: np.ndarray, sizes: np.ndarray) -> float:
 
 
 def choose(cal: Calibration, direction: Direction | str, copy_bytes: float, host_run_bytes: float,
-           max_slowdown: float | None = MAX_SLOWDOWN, shortest_run: float | None = None) -> tuple[str, float]:
-    """(method, predicted GB/s) for a job whose host runs are host_run_bytes long on
-    average and shortest_run (default: the mean) at the least, in address order. Where
-    no method is within max_slowdown, the one that slows the model least. The method is a
-    name of copy_methods.CANDIDATES."""
-    load = Direction.parse(direction, "direction") is Direction.LOAD
-    shortest = host_run_bytes if shortest_run is None else shortest_run
-    candidates = [m for m in CANDIDATES
-                  if not (load and shortest < SMALL_LOAD_RUN and CANDIDATES[m].name == "staged")]
-
+           max_slowdown: float | None = MAX_SLOWDOWN) -> tuple[str, float]:
+    """(method, predicted GB/s) for a job. Where no method is within max_slowdown, the
+    one that slows the model least. The method is a name of copy_methods.CANDIDATES."""
     def runs(method):
         return CANDIDATES[method].name == "staged" and host_run_bytes >= RUN_BYTES
 
     def alone(method):
-        if runs(method):
-            return cal.rate(method, direction, "host_runs", copy_bytes)
-        # The staged copy's DMA moves whole host runs, and loads of runs shorter than
-        # SMALL_LOAD_RUN are neither taken nor measured (their rate is recorded as 0).
-        size = max(copy_bytes, SMALL_LOAD_RUN) if load and CANDIDATES[method].name == "staged" else copy_bytes
-        return cal.rate(method, direction, "scattered", size)
+        return cal.rate(method, direction, "host_runs" if runs(method) else "scattered", copy_bytes)
 
     if max_slowdown is None:
-        best = max(candidates, key=alone)
+        best = max(CANDIDATES, key=alone)
         return best, alone(best)
 
     def beside(method):
@@ -86,9 +55,9 @@ def choose(cal: Calibration, direction: Direction | str, copy_bytes: float, host
         short_runs = CANDIDATES[method].name == "staged" and not runs(method)
         return min(rate, alone(method)) if short_runs else rate
 
-    slowdown = {m: cal.slowdown_of(m, direction, copy_bytes) for m in candidates}
-    within = [m for m in candidates if slowdown[m] <= max_slowdown and slowdown[m] != math.inf]
-    best = max(within, key=beside) if within else min(candidates, key=slowdown.get)
+    slowdown = {m: cal.slowdown_of(m, direction, copy_bytes) for m in CANDIDATES}
+    within = [m for m in CANDIDATES if slowdown[m] <= max_slowdown and slowdown[m] != math.inf]
+    best = max(within, key=beside) if within else min(CANDIDATES, key=slowdown.get)
     return best, beside(best)
 
 
@@ -122,10 +91,7 @@ def chosen(src, dst, sizes, stream=None, *, direction: Direction | str,
     cal = calibrations.calibration(stream_device(stream))
     host = direction.host_of(src, dst)
     mean = float(sizes.mean()) if len(sizes) else 0.0
-    runs = mean_host_run(host, sizes)
-    # (A mean under SMALL_LOAD_RUN rules the staged copy out already.)
-    shortest = shortest_host_run(host, sizes) if direction is Direction.LOAD and runs >= SMALL_LOAD_RUN else None
-    return choose(cal, direction, mean, runs, max_slowdown, shortest)[0]
+    return choose(cal, direction, mean, mean_host_run(host, sizes), max_slowdown)[0]
 
 
 def check_max_slowdown(max_slowdown) -> None:

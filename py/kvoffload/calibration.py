@@ -39,13 +39,7 @@ SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20]
 BESIDE_SIZES = [4 << 10, 64 << 10, 2 << 20]
 PATTERNS = ("scattered", "host_runs")
 RUN_BYTES = 256 << 10
-# The staged copy's DMA of a load's host runs shorter than this (which the driver moves
-# through the CPU) crashed inside cuMemcpyBatchAsync on the H200 with driver 580.159: a
-# null dereference in the driver, in one of two 12-second loops of 4 KiB loads by the
-# staged copy, where plain batches of the same copies did not crash. Such loads are
-# never measured (their rate is recorded as 0) and auto never takes them.
-SMALL_LOAD_RUN = 64 << 10
-FORMAT = 6  # entries of another format are measured again
+FORMAT = 7  # entries of another format are measured again
 
 
 def path() -> pathlib.Path:
@@ -121,12 +115,6 @@ def _interpolate(sizes, values, at) -> float:
     return float(np.interp(x, np.log2(sizes), values))
 
 
-def _crashes(method: str, direction: Direction, block: int, pattern: str) -> bool:
-    """Whether these copies are staged loads whose host runs are under SMALL_LOAD_RUN."""
-    run = block if pattern == "scattered" else max(block, RUN_BYTES)
-    return CANDIDATES[method].name == "staged" and direction is Direction.LOAD and run < SMALL_LOAD_RUN
-
-
 def _offsets(rng, pool, block, n, pattern):
     """n distinct block offsets in a pool: at random, or in runs of RUN_BYTES at random."""
     if pattern == "scattered":
@@ -185,7 +173,6 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
             for direction in Direction:
                 for method in CANDIDATES:
                     cal.rates[f"{method} {direction.short} {pattern}"] = [
-                        0.0 if _crashes(method, direction, b, pattern) else
                         moved / min(seconds(copies(method, direction, b, pattern)[0]) for _ in range(2)) / 1e9
                         for b in SIZES]
         if beside:
