@@ -148,12 +148,23 @@ CopyResult BatchCopy(const CopyBatch& batch, cudaStream_t stream,
   return result;
 }
 
-CopyResult StagingDma(const CopyBatch& batch, bool host_to_device, cudaStream_t stream) {
-  constexpr int64_t kThroughTheCpu = int64_t{64} << 10;
-  BatchCopyOptions options;
-  options.per_copy = host_to_device && std::any_of(batch.size, batch.size + batch.count,
-                                                   [](int64_t size) { return size < kThroughTheCpu; });
-  return BatchCopy(batch, stream, options);
+int64_t StagingDma(const CopyBatch& batch, bool host_to_device, cudaStream_t stream) {
+  if (!host_to_device) return BatchCopy(batch, stream).driver_calls;
+  std::vector<int64_t> small[3], large[3];
+  for (int64_t i = 0; i < batch.count; ++i) {
+    std::vector<int64_t>* to = batch.size[i] < kSmallStagingLoad ? small : large;
+    to[0].push_back(batch.src[i]);
+    to[1].push_back(batch.dst[i]);
+    to[2].push_back(batch.size[i]);
+  }
+  auto of = [](std::vector<int64_t>* v) {
+    return CopyBatch{v[0].data(), v[1].data(), v[2].data(), static_cast<int64_t>(v[2].size())};
+  };
+  BatchCopyOptions one_by_one;
+  one_by_one.per_copy = true;
+  // Disjoint ranges of the slot: the two parts need no order between them.
+  return BatchCopy(of(large), stream).driver_calls +
+         BatchCopy(of(small), stream, one_by_one).driver_calls;
 }
 
 }  // namespace kvoffload

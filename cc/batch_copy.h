@@ -11,9 +11,11 @@
 namespace kvoffload {
 
 // The driver's CPU time per copy inside cuMemcpyBatchAsync grows with the copies in one
-// call: on the H200 (driver 580.159) 4 KiB host-to-device copies moved 2.2 GB/s in calls
-// of 65,536, 6.3 in calls of 1,024 and 7.3 in calls of 256; device-to-host 6.4 and 8.8.
-constexpr int64_t kCopiesPerDriverCall = 1024;
+// call. On the H200 (driver 580.159, both sides scattered, bench/results/
+// batch_copy_calls_h200.json) calls of 256 were the fastest or within noise of it at
+// 4-64 KiB both ways: 16 KiB host-to-device copies moved 32-34 GB/s in calls of 256,
+// 24-26 in calls of 1,024 and 4-6 in one call of 16,384.
+constexpr int64_t kCopiesPerDriverCall = 256;
 
 struct BatchCopyOptions {
   // At most this many copies per driver call; 0 means kCopiesPerDriverCall.
@@ -30,13 +32,14 @@ struct BatchCopyOptions {
 CopyResult BatchCopy(const CopyBatch& batch, cudaStream_t stream,
                      const BatchCopyOptions& options = {});
 
-// The DMA side of a staged or page copy, between host runs and a staging ring slot.
-// cuMemcpyBatchAsync of driver 580.159 dereferenced a null pointer inside the driver
-// (H200) on slices of 4,096 4 KiB host-to-device copies enqueued on the ring's stream
-// behind its slot events, once in two 12-second runs; plain batches of the same copies
-// did not crash. So a host-to-device slice holding a copy under 64 KiB (those the driver
-// moves through the CPU) goes one cudaMemcpyAsync per copy (PathReason::kRequested).
-CopyResult StagingDma(const CopyBatch& batch, bool host_to_device, cudaStream_t stream);
+// The DMA side of a staged or page copy, between host runs and a staging ring slot;
+// returns the driver calls made. cuMemcpyBatchAsync of driver 580.159 dereferenced a
+// null pointer inside the driver (H200) on slices of 4,096 4 KiB host-to-device copies
+// enqueued on the ring's stream behind its slot events, once in two 12-second runs;
+// plain batches of the same copies did not crash. So host-to-device copies under
+// kSmallStagingLoad go one cudaMemcpyAsync each, and the rest of the slice in batches.
+constexpr int64_t kSmallStagingLoad = int64_t{64} << 10;
+int64_t StagingDma(const CopyBatch& batch, bool host_to_device, cudaStream_t stream);
 
 // The cuMemcpyBatchAsync form the driver offers: 13000, 12080, or 0 for none.
 int BatchEntryPointVersion();

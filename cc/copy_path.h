@@ -41,7 +41,9 @@ struct CopyResult {
   PathReason reason = PathReason::kEmptyBatch;
   int64_t copies = 0;
   int64_t bytes = 0;
-  int64_t driver_calls = 0;  // batch calls, per-copy calls, or host threads used
+  // Batch calls, per-copy calls, or host threads used; for a staged or page copy, its
+  // DMA's driver calls and its kernel launches.
+  int64_t driver_calls = 0;
 };
 
 }  // namespace kvoffload

@@ -24,10 +24,10 @@ void Relocate(Slice& slice, int64_t base, bool load) {
   for (int64_t& a : load ? slice.piece_src : slice.piece_dst) a += base;
 }
 
-void Dma(const Slice& s, bool load, cudaStream_t stream) {
+int64_t Dma(const Slice& s, bool load, cudaStream_t stream) {
   const CopyBatch batch{s.dma_src.data(), s.dma_dst.data(), s.dma_size.data(),
                         static_cast<int64_t>(s.dma_size.size())};
-  StagingDma(batch, load, stream);
+  return StagingDma(batch, load, stream);
 }
 
 void Kernel(const Slice& s, int max_ctas, cudaStream_t stream) {
@@ -86,11 +86,14 @@ CopyResult StagedCopy(const CopyBatch& batch, bool host_is_src, cudaStream_t str
       const StagingRing::Slot slot = ring.Next();
       Relocate(slice, slot.address, host_is_src);
       const bool load = host_is_src;
-      ring.Stage(
-          slot, load,
-          [&](cudaStream_t s) { load ? Dma(slice, load, s) : Kernel(slice, options.max_ctas, s); },
-          [&](cudaStream_t s) { load ? Kernel(slice, options.max_ctas, s) : Dma(slice, load, s); });
-      ++result.driver_calls;
+      auto dma = [&](cudaStream_t s) { result.driver_calls += Dma(slice, load, s); };
+      auto kernel = [&](cudaStream_t s) { Kernel(slice, options.max_ctas, s); };
+      if (load) {
+        ring.Stage(slot, load, dma, kernel);
+      } else {
+        ring.Stage(slot, load, kernel, dma);
+      }
+      ++result.driver_calls;  // the kernel
     }
   });
   return result;
