@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "cc/cuda_check.h"
@@ -138,7 +139,8 @@ CopyResult BatchCopy(const CopyBatch& batch, cudaStream_t stream,
       }
       if (status != CUDA_SUCCESS) {
         throw CudaError("cuMemcpyBatchAsync", DriverErrorName(status), status,
-                        fail_index == SIZE_MAX ? -1 : done + static_cast<int64_t>(fail_index));
+                        fail_index == SIZE_MAX ? -1 : done + static_cast<int64_t>(fail_index),
+                        done > 0 ? "copies 0-" + std::to_string(done - 1) + " were enqueued" : "");
       }
       ++result.driver_calls;
       done += count;

@@ -28,7 +28,11 @@ struct BatchCopyOptions {
 // cudaMemcpyAsync per copy for the reason the result names. Device, pinned and
 // managed memory in any direction. Validates first; a failed validation copies
 // nothing. Copies with kDuringApiCall have read their source when this returns.
-// Throws CudaError (NoCudaDeviceError without a GPU) for any failing CUDA call.
+// Throws CudaError (NoCudaDeviceError without a GPU) for any failing CUDA call. The
+// batch goes in driver calls of at most max_copies_per_call: a failing call leaves the
+// copies of the calls before it enqueued (its error says so), and a call answered
+// CUDA_ERROR_NOT_SUPPORTED sends its copies and the rest one by one (the result then
+// names that reason, its driver_calls counting the calls of both paths).
 CopyResult BatchCopy(const CopyBatch& batch, cudaStream_t stream,
                      const BatchCopyOptions& options = {});
 
