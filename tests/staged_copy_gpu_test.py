@@ -25,29 +25,36 @@ def test_staged_odd_sizes_wrap_around_a_small_ring(direction, size):
     assert result.path == "staged" and result.driver_calls >= -(-200 * size // (64 << 10))
 
 
+def staged_and_checked(rng, direction, host_off, dev_off, sizes, pool_bytes, **ring):
+    """Stages copies between offsets of a host and a device pool, the destination
+    poisoned; checks every byte of it and returns the result."""
+    src_where, dst_where = DIRECTIONS[direction]
+    src_bytes = rng.integers(0, 256, pool_bytes, dtype=np.uint8)
+    src, dst = pool(src_where, src_bytes), pool(dst_where, np.full(pool_bytes, POISON, np.uint8))
+    s_off, d_off = (host_off, dev_off) if direction == "h2d" else (dev_off, host_off)
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    result = kv.staged_copy(s_off + src.data_ptr(), d_off + dst.data_ptr(), sizes, host_is_src=direction == "h2d",
+                            stream=stream, registry=kv.UNCHECKED, **ring)
+    stream.synchronize()
+    want = np.full(pool_bytes, POISON, np.uint8)
+    for s, d, n in zip(s_off, d_off, sizes):
+        want[d:d + n] = src_bytes[s:s + n]
+    np.testing.assert_array_equal(dst.cpu().numpy(), want)
+    return result
+
+
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])
 def test_staged_host_runs_and_a_job_larger_than_the_ring(direction):
     rng = np.random.default_rng(3)
     pool_bytes = 64 << 20
-    src_where, dst_where = DIRECTIONS[direction]
-    src_bytes = rng.integers(0, 256, pool_bytes, dtype=np.uint8)
-    src, dst = pool(src_where, src_bytes), pool(dst_where, np.full(pool_bytes, POISON, np.uint8))
     # Host side: 4 KiB blocks packed into runs; device side: scattered at random. 48 MiB
     # moved through a ring of 4 x 4 MiB.
     n, block = 12288, 4096
     host_off = np.arange(n, dtype=np.int64) * block
     dev_off = rng.permutation(pool_bytes // block)[:n].astype(np.int64) * block
-    s_off, d_off = (host_off, dev_off) if direction == "h2d" else (dev_off, host_off)
-    stream = torch.cuda.Stream()
-    torch.cuda.synchronize()
-    result = kv.staged_copy(s_off + src.data_ptr(), d_off + dst.data_ptr(), np.full(n, block),
-                            host_is_src=direction == "h2d", stream=stream, slot_bytes=4 << 20, slots=4,
-                            registry=kv.UNCHECKED)
-    stream.synchronize()
-    want = np.full(pool_bytes, POISON, np.uint8)
-    idx = (d_off[:, None] + np.arange(block)).ravel()
-    want[idx] = src_bytes[(s_off[:, None] + np.arange(block)).ravel()]
-    np.testing.assert_array_equal(dst.cpu().numpy(), want)
+    result = staged_and_checked(rng, direction, host_off, dev_off, np.full(n, block), pool_bytes,
+                                slot_bytes=4 << 20, slots=4)
     assert result.driver_calls == 12 + 12  # per slot: a kernel, one batch call of a 4 MiB host run
 
 
@@ -55,25 +62,12 @@ def test_staged_host_runs_and_a_job_larger_than_the_ring(direction):
 def test_staged_loads_move_copies_under_64_kib_one_by_one_and_the_rest_batched(direction):
     rng = np.random.default_rng(11)
     pool_bytes = 16 << 20
-    src_where, dst_where = DIRECTIONS[direction]
-    src_bytes = rng.integers(0, 256, pool_bytes, dtype=np.uint8)
-    src, dst = pool(src_where, src_bytes), pool(dst_where, np.full(pool_bytes, POISON, np.uint8))
     small = rng.integers(1, 64 << 10, 10)
     sizes = rng.permutation(np.concatenate([small, np.full(6, 128 << 10), [64 << 10]]))
     # 256 KiB apart on both sides: no two copies make one host run; all fit one slot.
-    host_off = rng.permutation(pool_bytes // (256 << 10))[:len(sizes)].astype(np.int64) * (256 << 10)
-    dev_off = rng.permutation(pool_bytes // (256 << 10))[:len(sizes)].astype(np.int64) * (256 << 10)
-    s_off, d_off = (host_off, dev_off) if direction == "h2d" else (dev_off, host_off)
-    stream = torch.cuda.Stream()
-    torch.cuda.synchronize()
-    result = kv.staged_copy(s_off + src.data_ptr(), d_off + dst.data_ptr(), sizes,
-                            host_is_src=direction == "h2d", stream=stream, slot_bytes=4 << 20, slots=2,
-                            registry=kv.UNCHECKED)
-    stream.synchronize()
-    want = np.full(pool_bytes, POISON, np.uint8)
-    for s, d, n in zip(s_off, d_off, sizes):
-        want[d:d + n] = src_bytes[s:s + n]
-    np.testing.assert_array_equal(dst.cpu().numpy(), want)
+    host_off, dev_off = (rng.permutation(pool_bytes // (256 << 10))[:len(sizes)].astype(np.int64) * (256 << 10)
+                         for _ in range(2))
+    result = staged_and_checked(rng, direction, host_off, dev_off, sizes, pool_bytes, slot_bytes=4 << 20, slots=2)
     # One slot: its kernel, one batch call, and for loads a call per copy under 64 KiB.
     assert result.driver_calls == 2 + (len(small) if direction == "h2d" else 0)
 
