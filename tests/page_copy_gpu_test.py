@@ -140,6 +140,12 @@ def test_a_copy_on_another_ring_does_not_queue_behind_a_blocked_ring():
     rng = np.random.default_rng(6)
     cache = Cache(rng, [4096], [2], 64, 16, 4, "chunk_major", 0)
     held, behind, own = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
+    # A ring is allocated at its first copy (cudaMalloc, an implicit synchronization
+    # point: it would wait for the spin below); both exist before the spin.
+    for ring in (0, 1):
+        cache.table.copy([0], [0], [1], [0], load=True, stream=own, ring=ring)
+        cache.model.load([0], [1], [0], [0])
+    own.synchronize()
     with torch.cuda.stream(held):
         torch.cuda._sleep(4_000_000_000)  # about 2 s of GPU cycles
     blocks = rng.permutation(64)  # disjoint: the copies land in another order than submitted
