@@ -185,6 +185,7 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
                     cal.rates[f"{method} {direction.short} {pattern}"] = [
                         moved / min(seconds(copies(method, direction, b, pattern)[0]) for _ in range(2)) / 1e9
                         for b in SIZES]
+
         def beside_once(loop, method, direction, block):
             """(GB/s, step slowdown) of one window beside the loop."""
             pattern = "host_runs" if CANDIDATES[method].name == "staged" else "scattered"
