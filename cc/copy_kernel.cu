@@ -1,14 +1,12 @@
 #include "cc/copy_kernel.h"
 
 #include <algorithm>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "cc/cuda_check.h"
 #include "cc/memory_reach.h"
-#include "cc/pinned_buffers.h"
 #include "cc/stream_device.h"
 #include "cc/warp_copy.h"
 
@@ -50,31 +48,15 @@ void ValidateCtaBudget(int max_ctas) {
   }
 }
 
-void UploadAndLaunch(const std::vector<int64_t>& pieces, int64_t count, int max_ctas,
-                     cudaStream_t stream) {
-  if (count == 0) return;
-  const size_t bytes = pieces.size() * sizeof(int64_t);
-  // Descriptors travel through a pinned buffer, so the upload is asynchronous, and live
-  // in stream-ordered device memory until the kernel is done.
-  PinnedBuffers& pinned = PinnedBuffers::Instance();
-  void* host = pinned.Acquire(bytes);
-  std::memcpy(host, pieces.data(), bytes);
-  void* device = nullptr;
-  const cudaError_t allocated = cudaMallocAsync(&device, bytes, stream);
-  cudaError_t status = allocated;
-  if (allocated == cudaSuccess) {
-    status = cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream);
-    if (status == cudaSuccess) {
-      const int64_t* d = static_cast<const int64_t*>(device);
-      LaunchCopyKernel(d, d + count, d + 2 * count, count, max_ctas, stream);
-      status = cudaGetLastError();
-    }
-    const cudaError_t freed = cudaFreeAsync(device, stream);
-    if (status == cudaSuccess) status = freed;
-  }
-  pinned.Release(host, stream);
-  CheckCuda(status, allocated == cudaSuccess ? "descriptor upload or copy kernel launch"
-                                             : "cudaMallocAsync (descriptors)");
+PieceUpload::PieceUpload(const std::vector<int64_t>& pieces, cudaStream_t stream)
+    : stream_(stream),
+      total_(static_cast<int64_t>(pieces.size() / 3)),
+      upload_({{pieces.data(), pieces.size() * sizeof(int64_t)}}, stream) {}
+
+void PieceUpload::Launch(int64_t first, int64_t count, int max_ctas) const {
+  const int64_t* d = upload_.part<int64_t>(0) + first;
+  LaunchCopyKernel(d, d + total_, d + 2 * total_, count, max_ctas, stream_);
+  CheckCuda(cudaGetLastError(), "copy kernel launch");
 }
 
 CopyResult KernelCopy(const CopyBatch& batch, cudaStream_t stream,
@@ -106,7 +88,7 @@ CopyResult KernelCopy(const CopyBatch& batch, cudaStream_t stream,
     }
     const CopyBatch part{batch.src + begin, batch.dst + begin, batch.size + begin, end - begin};
     const int64_t count = SplitIntoPieces(part, options.piece_bytes, pieces);
-    UploadAndLaunch(pieces, count, options.max_ctas, stream);
+    PieceUpload(pieces, stream).Launch(0, count, options.max_ctas);
     begin = end;
   }
   return result;

@@ -9,6 +9,7 @@
 #include "cc/copy_batch.h"
 #include "cc/copy_path.h"
 #include "cc/copy_pieces.h"
+#include "cc/stream_upload.h"
 
 namespace kvoffload {
 
@@ -28,10 +29,19 @@ struct KernelCopyOptions {
 CopyResult KernelCopy(const CopyBatch& batch, cudaStream_t stream,
                       const KernelCopyOptions& options = {});
 
-// Uploads pieces ([src..., dst..., size...], as SplitIntoPieces makes them) in stream
-// order and launches the copy kernel over them on `stream`.
-void UploadAndLaunch(const std::vector<int64_t>& pieces, int64_t count, int max_ctas,
-                     cudaStream_t stream);
+// Pieces ([src..., dst..., size...], as SplitIntoPieces makes them) uploaded in stream
+// order on `stream`; Launch runs the copy kernel over a range of them on that stream.
+class PieceUpload {
+ public:
+  PieceUpload(const std::vector<int64_t>& pieces, cudaStream_t stream);
+  // Pieces [first, first + count). Throws CudaError.
+  void Launch(int64_t first, int64_t count, int max_ctas) const;
+
+ private:
+  cudaStream_t stream_;
+  int64_t total_;
+  StreamUpload upload_;
+};
 
 // Throws std::invalid_argument unless max_ctas >= 1.
 void ValidateCtaBudget(int max_ctas);

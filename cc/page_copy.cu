@@ -1,7 +1,6 @@
 #include "cc/page_copy.h"
 
 #include <algorithm>
-#include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -12,8 +11,8 @@
 #include "cc/cuda_check.h"
 #include "cc/memory_reach.h"
 #include "cc/page_address.h"
-#include "cc/pinned_buffers.h"
 #include "cc/staging_ring.h"
+#include "cc/stream_upload.h"
 #include "cc/stream_device.h"
 #include "cc/warp_copy.h"
 
@@ -54,53 +53,23 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The job's block ids and segments in device memory, uploaded in stream order and
-// freed in stream order once the last kernel on `stream` that reads them is enqueued.
-class JobUpload {
- public:
-  JobUpload(const int64_t* block_ids, int64_t blocks, const std::vector<Segment>& segments,
-            cudaStream_t stream)
-      : stream_(stream) {
-    const size_t id_bytes = (blocks * sizeof(int64_t) + 15) / 16 * 16;
-    const size_t bytes = id_bytes + segments.size() * sizeof(Segment);
-    PinnedBuffers& pinned = PinnedBuffers::Instance();
-    void* host = pinned.Acquire(bytes);
-    std::memcpy(host, block_ids, blocks * sizeof(int64_t));
-    std::memcpy(static_cast<char*>(host) + id_bytes, segments.data(),
-                segments.size() * sizeof(Segment));
-    cudaError_t status = cudaMallocAsync(&device_, bytes, stream);
-    if (status == cudaSuccess) {
-      status = cudaMemcpyAsync(device_, host, bytes, cudaMemcpyHostToDevice, stream);
-    }
-    pinned.Release(host, stream);
-    if (status != cudaSuccess && device_ != nullptr) cudaFreeAsync(device_, stream);
-    CheckCuda(status, "job upload (cudaMallocAsync, cudaMemcpyAsync)");
-    block_ids_ = static_cast<const int64_t*>(device_);
-    segments_ = reinterpret_cast<const Segment*>(static_cast<char*>(device_) + id_bytes);
-  }
-  ~JobUpload() { cudaFreeAsync(device_, stream_); }
-  JobUpload(const JobUpload&) = delete;
-  JobUpload& operator=(const JobUpload&) = delete;
+// The job's block ids (part 0) and segments (part 1) in device memory.
+StreamUpload UploadJob(const PageJob& job, const std::vector<Segment>& segments,
+                       cudaStream_t stream) {
+  return StreamUpload({{job.block_ids, job.num_block_ids * sizeof(int64_t)},
+                       {segments.data(), segments.size() * sizeof(Segment)}},
+                      stream);
+}
 
-  const int64_t* block_ids() const { return block_ids_; }
-  const Segment* segments() const { return segments_; }
-
- private:
-  cudaStream_t stream_;
-  void* device_ = nullptr;
-  const int64_t* block_ids_ = nullptr;
-  const Segment* segments_ = nullptr;
-};
-
-void Launch(const DevicePageTable& table, const JobUpload& job, int64_t segments,
+void Launch(const DevicePageTable& table, const StreamUpload& job, int64_t segments,
             int64_t first_unit, int64_t end_unit, int64_t slot, int64_t slot_first_byte,
             bool load, int max_ctas, cudaStream_t stream) {
   const int64_t warps = end_unit - first_unit;
   const int ctas = static_cast<int>(
       std::min<int64_t>(max_ctas, (warps + kThreads / kWarpSize - 1) / (kThreads / kWarpSize)));
-  PageCopyKernel<<<ctas, kThreads, 0, stream>>>(table.device_refs(), job.block_ids(),
-                                                job.segments(), segments, first_unit, end_unit,
-                                                slot, slot_first_byte, load);
+  PageCopyKernel<<<ctas, kThreads, 0, stream>>>(table.device_refs(), job.part<int64_t>(0),
+                                                job.part<Segment>(1), segments, first_unit,
+                                                end_unit, slot, slot_first_byte, load);
   CheckCuda(cudaGetLastError(), "page copy kernel launch");
 }
 
@@ -136,7 +105,7 @@ void StagedPageCopy(const DevicePageTable& table, const PageJob& job, bool load,
   StagingRing& ring = StagingRing::For(device, load, options.slot_bytes, options.slots, options.ring);
   std::lock_guard<std::mutex> lock(ring.mutex());
   ring.Run(stream, [&] {
-    const JobUpload upload(job.block_ids, job.num_block_ids, segments, ring.kernel_stream());
+    const StreamUpload upload = UploadJob(job, segments, ring.kernel_stream());
     const int64_t count = static_cast<int64_t>(segments.size());
     for (size_t i = 0; i < slices.size(); ++i) {
       const StagingRing::Slot slot = ring.Next();
@@ -244,7 +213,7 @@ CopyResult PageCopy(const DevicePageTable& table, const PageJob& job, bool load,
     StagedPageCopy(table, job, load, segments, units, guard.device(), stream, options, result);
     return result;
   }
-  const JobUpload upload(job.block_ids, job.num_block_ids, segments, stream);
+  const StreamUpload upload = UploadJob(job, segments, stream);
   Launch(table, upload, static_cast<int64_t>(segments.size()), 0, units, 0, 0, load,
          options.max_ctas, stream);
   result.driver_calls = 1;

@@ -30,13 +30,21 @@ int64_t Dma(const Slice& s, bool load, cudaStream_t stream) {
   return StagingDma(batch, load, stream);
 }
 
-void Kernel(const Slice& s, int max_ctas, cudaStream_t stream) {
-  const int64_t n = s.piece_size.size();
-  std::vector<int64_t> pieces(3 * n);
-  std::copy(s.piece_src.begin(), s.piece_src.end(), pieces.begin());
-  std::copy(s.piece_dst.begin(), s.piece_dst.end(), pieces.begin() + n);
-  std::copy(s.piece_size.begin(), s.piece_size.end(), pieces.begin() + 2 * n);
-  UploadAndLaunch(pieces, n, max_ctas, stream);
+// Every slice's pieces in one upload, so that no upload (a host-to-device copy that
+// would queue behind a load's DMA on the copy engine) comes between two kernels; the
+// kernel of slice i copies pieces [first[i], first[i + 1]).
+std::vector<int64_t> AllPieces(const std::vector<Slice>& slices, std::vector<int64_t>& first) {
+  first.assign(1, 0);
+  for (const Slice& s : slices) first.push_back(first.back() + s.piece_size.size());
+  const int64_t total = first.back();
+  std::vector<int64_t> pieces(3 * total);
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const Slice& s = slices[i];
+    std::copy(s.piece_src.begin(), s.piece_src.end(), pieces.begin() + first[i]);
+    std::copy(s.piece_dst.begin(), s.piece_dst.end(), pieces.begin() + total + first[i]);
+    std::copy(s.piece_size.begin(), s.piece_size.end(), pieces.begin() + 2 * total + first[i]);
+  }
+  return pieces;
 }
 
 constexpr int64_t kPieceBytes = int64_t{64} << 10;
@@ -82,16 +90,23 @@ CopyResult StagedCopy(const CopyBatch& batch, bool host_is_src, cudaStream_t str
       StagingRing::For(guard.device(), host_is_src, options.slot_bytes, options.slots);
   std::lock_guard<std::mutex> lock(ring.mutex());
   ring.Run(stream, [&] {
+    const bool load = host_is_src;
+    std::vector<StagingRing::Slot> slots;
     for (Slice& slice : slices) {
-      const StagingRing::Slot slot = ring.Next();
-      Relocate(slice, slot.address, host_is_src);
-      const bool load = host_is_src;
-      auto dma = [&](cudaStream_t s) { result.driver_calls += Dma(slice, load, s); };
-      auto kernel = [&](cudaStream_t s) { Kernel(slice, options.max_ctas, s); };
+      slots.push_back(ring.Next());
+      Relocate(slice, slots.back().address, load);
+    }
+    std::vector<int64_t> first;
+    const PieceUpload upload(AllPieces(slices, first), ring.kernel_stream());
+    for (size_t i = 0; i < slices.size(); ++i) {
+      auto dma = [&](cudaStream_t s) { result.driver_calls += Dma(slices[i], load, s); };
+      auto kernel = [&](cudaStream_t) {
+        upload.Launch(first[i], first[i + 1] - first[i], options.max_ctas);
+      };
       if (load) {
-        ring.Stage(slot, load, dma, kernel);
+        ring.Stage(slots[i], load, dma, kernel);
       } else {
-        ring.Stage(slot, load, kernel, dma);
+        ring.Stage(slots[i], load, kernel, dma);
       }
       ++result.driver_calls;  // the kernel
     }
