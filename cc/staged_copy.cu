@@ -35,7 +35,7 @@ int64_t Dma(const Slice& s, bool load, cudaStream_t stream) {
 // kernel of slice i copies pieces [first[i], first[i + 1]).
 std::vector<int64_t> AllPieces(const std::vector<Slice>& slices, std::vector<int64_t>& first) {
   first.assign(1, 0);
-  for (const Slice& s : slices) first.push_back(first.back() + s.piece_size.size());
+  for (const Slice& s : slices) first.push_back(first.back() + static_cast<int64_t>(s.piece_size.size()));
   const int64_t total = first.back();
   std::vector<int64_t> pieces(3 * total);
   for (size_t i = 0; i < slices.size(); ++i) {

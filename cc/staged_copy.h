@@ -20,10 +20,11 @@ struct StagedCopyOptions {
 // A load (host_is_src) moves the host runs by DMA into a slot of a device staging ring,
 // then a kernel scatters the slot into the device blocks; a store gathers device blocks
 // into a slot with a kernel, then moves it to the host runs by DMA. Slices pipeline:
-// the DMA of one overlaps the kernel of the next. The kernels' pieces go to the device in
-// one upload before the first slice. Any number of copies and bytes; the
-// ring wraps. In stream order on `stream`. Host memory must be page-locked and device memory
-// the stream's device's, else std::invalid_argument (RequireReachable).
+// the DMA of one overlaps the kernel of the next. The kernels' pieces (24 bytes each, of
+// at most 64 KiB) go to the device in one upload before the first slice. Any number of
+// copies and bytes; the ring wraps. In stream order on `stream`. Host memory must be
+// page-locked and device memory the stream's device's, else std::invalid_argument
+// (RequireReachable).
 CopyResult StagedCopy(const CopyBatch& batch, bool host_is_src, cudaStream_t stream,
                       const StagedCopyOptions& options = {});
 

@@ -14,6 +14,7 @@ StreamUpload::StreamUpload(std::initializer_list<Part> parts, cudaStream_t strea
     offsets_.push_back(bytes);
     bytes += (p.bytes + 15) / 16 * 16;
   }
+  if (bytes == 0) return;
   PinnedBuffers& pinned = PinnedBuffers::Instance();
   char* host = static_cast<char*>(pinned.Acquire(bytes));
   size_t i = 0;
@@ -22,11 +23,18 @@ StreamUpload::StreamUpload(std::initializer_list<Part> parts, cudaStream_t strea
   if (status == cudaSuccess) {
     status = cudaMemcpyAsync(device_, host, bytes, cudaMemcpyHostToDevice, stream);
   }
-  pinned.Release(host, stream);
+  try {
+    pinned.Release(host, stream);
+  } catch (...) {
+    if (device_ != nullptr) cudaFreeAsync(device_, stream);
+    throw;
+  }
   if (status != cudaSuccess && device_ != nullptr) cudaFreeAsync(device_, stream);
   CheckCuda(status, "upload to the device (cudaMallocAsync, cudaMemcpyAsync)");
 }
 
-StreamUpload::~StreamUpload() { cudaFreeAsync(device_, stream_); }
+StreamUpload::~StreamUpload() {
+  if (device_ != nullptr) cudaFreeAsync(device_, stream_);
+}
 
 }  // namespace kvoffload

@@ -1,6 +1,10 @@
 """kvoffload.handler on a GPU: vLLM's worker cases, the compute-stream and store/load
 races, failures, a soak, and a registered host buffer."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -154,3 +158,43 @@ def test_a_registered_host_buffer_is_page_locked_and_released():
         np.testing.assert_array_equal(view[0][t][4], gpu[0][t][[3, 5]].cpu().numpy())
     handler.shutdown()
     assert not _C.is_pinned_host(buffer.data_ptr())
+
+
+# Run in a fresh process: staging rings are made once per process, so one that another
+# test made would hide a wait.
+_FIRST_EXPEDITED_LOAD = """
+import os, sys
+import numpy as np, torch
+sys.path.insert(0, os.getcwd())
+from kv_model import check, make_handler, run_job
+from kvoffload.planner import CPUSpec, GPUSpec
+
+rng = np.random.default_rng(int(sys.argv[1]))
+handler, model = make_handler(rng, [1024], [2], num_blocks=16, num_chunks=4, bpc=4,
+                              cpu_layout="chunk_major", device="cuda", expedited_loads=True)
+# A store and a load first: the process's first page copy waits for the device (README).
+run_job(handler, model, "store", "store", rng.permutation(16)[:8], [8], [0], [0, 1])
+run_job(handler, model, "load", "load", rng.permutation(16)[:4], [4], [0], [0])
+held = torch.cuda.Stream()
+with torch.cuda.stream(held):
+    torch.cuda._sleep(4_000_000_000)  # about 2 s of GPU cycles
+ids = rng.permutation(16)[:4]
+assert handler.transfer_async("expedited", CPUSpec([1]), GPUSpec(ids, [4], [0]), expedite=True)
+handler.wait(["expedited"])
+print("done while held:", not held.query())
+(result,) = handler.get_finished()
+assert result.success, result.error
+model.load(ids, [4], [0], [1])
+torch.cuda.synchronize()
+check(handler, model)
+handler.shutdown()
+"""
+
+
+def test_an_expedited_loads_new_ring_does_not_wait_for_the_device():
+    # Its ring is made at its first copy, while another stream spins.
+    here = os.path.dirname(os.path.abspath(__file__))
+    run = subprocess.run([sys.executable, "-c", _FIRST_EXPEDITED_LOAD, "13"], cwd=here,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "done while held: True" in run.stdout, run.stdout + run.stderr[-3000:]

@@ -140,8 +140,8 @@ def test_a_copy_on_another_ring_does_not_queue_behind_a_blocked_ring():
     rng = np.random.default_rng(6)
     cache = Cache(rng, [4096], [2], 64, 16, 4, "chunk_major", 0)
     held, behind, own = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
-    # A ring is allocated at its first copy (cudaMalloc, an implicit synchronization
-    # point: it would wait for the spin below); both exist before the spin.
+    # A process's first page copy waits for the work enqueued on the device (README):
+    # both rings copy once before the spin.
     for ring in (0, 1):
         cache.table.copy([0], [0], [1], [0], load=True, stream=own, ring=ring)
         cache.model.load([0], [1], [0], [0])
