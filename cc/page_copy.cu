@@ -12,8 +12,8 @@
 #include "cc/memory_reach.h"
 #include "cc/page_address.h"
 #include "cc/staging_ring.h"
-#include "cc/stream_upload.h"
 #include "cc/stream_device.h"
+#include "cc/stream_upload.h"
 #include "cc/warp_copy.h"
 
 namespace kvoffload {
