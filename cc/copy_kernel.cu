@@ -42,6 +42,12 @@ void LaunchCopyKernel(const int64_t* device_src, const int64_t* device_dst,
 
 }  // namespace
 
+void LoadCopyKernel() {
+  cudaFuncAttributes attributes;
+  CheckCuda(cudaFuncGetAttributes(&attributes, CopyPiecesKernel),
+            "cudaFuncGetAttributes(copy kernel)");
+}
+
 void ValidateCtaBudget(int max_ctas) {
   if (max_ctas < 1) {
     throw std::invalid_argument("max_ctas: must be >= 1, got " + std::to_string(max_ctas));

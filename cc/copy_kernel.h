@@ -43,6 +43,11 @@ class PieceUpload {
   StreamUpload upload_;
 };
 
+// Loads the copy kernel into the current device's context now. Under lazy module
+// loading (CUDA's default) a kernel is loaded at its first launch, which waits for the
+// work already on the device.
+void LoadCopyKernel();
+
 // Throws std::invalid_argument unless max_ctas >= 1.
 void ValidateCtaBudget(int max_ctas);
 

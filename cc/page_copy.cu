@@ -147,16 +147,13 @@ DevicePageTable::DevicePageTable(PageLayout layout, int device)
                    Reach::kDevice, "gpu_base");
   RequireReachable(cpu.data(), cpu_span.data(), static_cast<int64_t>(cpu.size()), device,
                    Reach::kPinnedHost, "cpu_base");
-  int previous = 0;
-  CheckCuda(cudaGetDevice(&previous), "cudaGetDevice");
-  CheckCuda(cudaSetDevice(device), "cudaSetDevice");
+  DeviceGuard guard(device);
   const size_t bytes = std::max<size_t>(1, layout_.refs().size()) * sizeof(TensorRef);
   cudaError_t status = cudaMalloc(&refs_, bytes);
   if (status == cudaSuccess && !layout_.refs().empty()) {
     status = cudaMemcpy(refs_, layout_.refs().data(), layout_.refs().size() * sizeof(TensorRef),
                         cudaMemcpyHostToDevice);
   }
-  cudaSetDevice(previous);
   if (status != cudaSuccess && refs_ != nullptr) cudaFree(refs_);
   CheckCuda(status, "page table upload (cudaMalloc, cudaMemcpy)");
 }
@@ -168,6 +165,12 @@ DevicePageTable::~DevicePageTable() {
     cudaFree(refs_);
     cudaSetDevice(previous);
   }
+}
+
+void LoadPageCopyKernel() {
+  cudaFuncAttributes attributes;
+  CheckCuda(cudaFuncGetAttributes(&attributes, PageCopyKernel),
+            "cudaFuncGetAttributes(page copy kernel)");
 }
 
 void ValidatePageCopyOptions(const PageCopyOptions& options) {

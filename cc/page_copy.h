@@ -54,6 +54,9 @@ CopyResult PageCopy(const DevicePageTable& table, const PageJob& job, bool load,
                     cudaStream_t stream, const PageCopyOptions& options = {},
                     bool validated = false);
 
+// Loads the page copy's kernel into the current device's context now (see LoadCopyKernel).
+void LoadPageCopyKernel();
+
 // Throws std::invalid_argument for options no copy can run with.
 void ValidatePageCopyOptions(const PageCopyOptions& options);
 

@@ -15,27 +15,31 @@ inline int StreamDevice(cudaStream_t stream) {
   return device;
 }
 
-// Makes the stream's device current, with its primary context, which the driver's
-// batch call and kernel launches need on this thread; restores the caller's device.
-class StreamDeviceGuard {
+// Makes `device` current, with its primary context; restores the caller's device.
+class DeviceGuard {
  public:
-  explicit StreamDeviceGuard(cudaStream_t stream) {
+  explicit DeviceGuard(int device) : device_(device) {
     CheckCuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    device_ = previous_;
-    CheckCuda(cudaStreamGetDevice(stream, &device_), "cudaStreamGetDevice");
     CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
   }
-  ~StreamDeviceGuard() {
+  ~DeviceGuard() {
     if (device_ != previous_) cudaSetDevice(previous_);
   }
-  StreamDeviceGuard(const StreamDeviceGuard&) = delete;
-  StreamDeviceGuard& operator=(const StreamDeviceGuard&) = delete;
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
 
   int device() const { return device_; }
 
  private:
   int previous_ = 0;
   int device_ = 0;
+};
+
+// The stream's device made current, which the driver's batch call and kernel launches
+// need on this thread.
+class StreamDeviceGuard : public DeviceGuard {
+ public:
+  explicit StreamDeviceGuard(cudaStream_t stream) : DeviceGuard(StreamDevice(stream)) {}
 };
 
 }  // namespace kvoffload

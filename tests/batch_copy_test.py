@@ -241,6 +241,17 @@ def test_batch_entry_point_without_a_gpu_raises_no_cuda_device():
         kv.batch_entry_point_version()
 
 
+@HOST_ONLY
+def test_load_kernels_without_a_gpu_raises_no_cuda_device():
+    with pytest.raises(kv.NoCudaDeviceError):
+        kv.load_kernels(0)
+
+
+def test_load_kernels_rejects_a_negative_device():
+    with pytest.raises(ValueError, match=r"device: must be >= 0, got -1"):
+        kv.load_kernels(-1)
+
+
 def _block_tensors(rng, make, src_blocks=16, dst_blocks=12, block_shape=(2, 3, 5)):
     src = make(rng.standard_normal((src_blocks, *block_shape)).astype(np.float32))
     dst = make(np.full((dst_blocks, *block_shape), -7.0, dtype=np.float32))

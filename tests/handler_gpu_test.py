@@ -160,41 +160,44 @@ def test_a_registered_host_buffer_is_page_locked_and_released():
     assert not _C.is_pinned_host(buffer.data_ptr())
 
 
-# Run in a fresh process: staging rings are made once per process, so one that another
-# test made would hide a wait.
-_FIRST_EXPEDITED_LOAD = """
+# Run in a fresh process: kernels are loaded and staging rings made once per process, so
+# those of another test would hide a wait.
+_FIRST_COPIES = """
 import os, sys
 import numpy as np, torch
 sys.path.insert(0, os.getcwd())
-from kv_model import check, make_handler, run_job
+from kv_model import check, make_handler
 from kvoffload.planner import CPUSpec, GPUSpec
 
 rng = np.random.default_rng(int(sys.argv[1]))
 handler, model = make_handler(rng, [1024], [2], num_blocks=16, num_chunks=4, bpc=4,
                               cpu_layout="chunk_major", device="cuda", expedited_loads=True)
-# A store and a load first: the process's first page copy waits for the device (README).
-run_job(handler, model, "store", "store", rng.permutation(16)[:8], [8], [0], [0, 1])
-run_job(handler, model, "load", "load", rng.permutation(16)[:4], [4], [0], [0])
+torch.cuda.synchronize()
 held = torch.cuda.Stream()
 with torch.cuda.stream(held):
     torch.cuda._sleep(4_000_000_000)  # about 2 s of GPU cycles
-ids = rng.permutation(16)[:4]
-assert handler.transfer_async("expedited", CPUSpec([1]), GPUSpec(ids, [4], [0]), expedite=True)
+stored, loaded = rng.permutation(16)[:8], rng.permutation(16)[:4]
+assert handler.transfer_async("store", GPUSpec(stored, [8], [0]), CPUSpec([0, 1]))
+handler.wait(["store"])
+store_done_while_held = not held.query()
+assert handler.transfer_async("expedited", CPUSpec([1]), GPUSpec(loaded, [4], [0]), expedite=True)
 handler.wait(["expedited"])
-print("done while held:", not held.query())
-(result,) = handler.get_finished()
-assert result.success, result.error
-model.load(ids, [4], [0], [1])
+print("done while held:", store_done_while_held and not held.query())
+for result in handler.get_finished():
+    assert result.success, result.error
+model.store(stored, [8], [0], [0, 1])
+model.load(loaded, [4], [0], [1])
 torch.cuda.synchronize()
 check(handler, model)
 handler.shutdown()
 """
 
 
-def test_an_expedited_loads_new_ring_does_not_wait_for_the_device():
-    # Its ring is made at its first copy, while another stream spins.
+def test_a_processs_first_copies_do_not_wait_for_the_device():
+    # The process's first page copies, and the expedited load's new ring, while another
+    # stream spins: the handler loaded its kernels when it was made (load_kernels).
     here = os.path.dirname(os.path.abspath(__file__))
-    run = subprocess.run([sys.executable, "-c", _FIRST_EXPEDITED_LOAD, "13"], cwd=here,
+    run = subprocess.run([sys.executable, "-c", _FIRST_COPIES, "13"], cwd=here,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "done while held: True" in run.stdout, run.stdout + run.stderr[-3000:]

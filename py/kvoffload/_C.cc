@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -621,6 +622,19 @@ NB_MODULE(_C, m) {
       "stream_device", [](nb::handle stream) { return StreamDevice(ToStream(stream)); },
       nb::arg("stream").none());
   m.def("batch_entry_point_version", &BatchEntryPointVersion);
+  m.def(
+      "load_kernels",
+      [](int device) {
+        if (device < 0) {
+          throw std::invalid_argument("device: must be >= 0, got " + std::to_string(device));
+        }
+        RequireCudaDevice();
+        nb::gil_scoped_release release;
+        DeviceGuard guard(device);
+        LoadCopyKernel();
+        LoadPageCopyKernel();
+      },
+      nb::arg("device"));
   m.def(
       "host_register",
       [](int64_t address, int64_t bytes) {

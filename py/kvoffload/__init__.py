@@ -13,6 +13,7 @@ from kvoffload.batch_copy import (
     copy_blocks,
     host_copy,
     kernel_copy,
+    load_kernels,
     staged_copy,
     stream_device,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "copy_blocks",
     "host_copy",
     "kernel_copy",
+    "load_kernels",
     "staged_copy",
     "stream_device",
 ]

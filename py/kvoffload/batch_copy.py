@@ -186,6 +186,13 @@ def stream_device(stream: Stream) -> int:
     return _C.stream_device(stream)
 
 
+def load_kernels(device: int) -> None:
+    """Loads kvoffload's kernels on ``device`` now. CUDA loads a kernel lazily, at its first
+    launch, and that launch waits for the work already on the device: a process's first
+    copy would wait for the model. A handler calls this when it is made."""
+    _C.load_kernels(device)
+
+
 def _device_path(stream: Stream, batch_entry_point: bool, per_copy: bool = False) -> tuple[str, str]:
     """The (path, reason) a device batch on ``stream`` takes, without calling CUDA (for tests)."""
     return _C.device_path(stream, batch_entry_point, per_copy)

@@ -50,7 +50,7 @@ from kvoffload.page_table import ChunkParts, job_arguments, key_offsets, page_ta
 from kvoffload.ordering import PendingWrites, safe_order
 from kvoffload.planner import (CPUSpec, GPUSpec, _require_int, check_shared, chunks_used, plan_transfer,
                                tensor_pages)
-from kvoffload.batch_copy import host_copy
+from kvoffload.batch_copy import host_copy, load_kernels
 from kvoffload.copy_methods import copy_method
 from kvoffload.registry import UNCHECKED, MemoryRegistry, tensor_span
 from kvoffload.transfer_lanes import CudaLanes, HostLanes
@@ -198,6 +198,8 @@ class OffloadHandler:
         self.gpu_tensors = gpu_tensors
         self._gpu_kind = MemoryKind.DEVICE if on_gpu else MemoryKind.HOST
         lanes = [Direction.STORE.value, Direction.LOAD.value] + (["expedited"] if expedited_loads else [])
+        if on_gpu:
+            load_kernels(device.index)  # now, so that the first job does not wait for the model
         if on_gpu and method == "auto":
             calibration.calibration(device.index)  # loaded, or measured now, not in the first job
         self._method, self._max_slowdown, self._page_ctas = method, max_slowdown, page_ctas
