@@ -13,10 +13,32 @@ as it is enqueued or run is reported by ``finish``, never raised.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
+import warnings
 import weakref
+
+
+# The driver's hardware queues per device, read when CUDA starts in the process. At
+# CUDA's default of 8, the lanes' and the staging rings' streams share queues, and a
+# stream's wait holds back the streams behind it in its queue (bench/results/
+# both_connections_h200.json).
+CONNECTIONS = 32
+
+
+def connections_advice(environ) -> str | None:
+    """What to set, when ``environ`` leaves the driver fewer hardware queues than the
+    lanes need; None when it does not."""
+    value = environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "")
+    if value.strip().isdigit() and int(value) >= CONNECTIONS:
+        return None
+    now = f"is {value!r}" if value else "is not set (CUDA's default: 8 hardware queues)"
+    return (f"CUDA_DEVICE_MAX_CONNECTIONS {now}: kvoffload's streams then share the driver's "
+            f"hardware queues, which on an H200 slowed stores by 6% and stores and loads at once "
+            f"by 12% in most processes. Set CUDA_DEVICE_MAX_CONNECTIONS={CONNECTIONS} in the "
+            f"environment before the process starts CUDA.")
 
 
 class _CudaJob:
@@ -48,6 +70,9 @@ class CudaLanes:
     never pays for enqueueing (a driver call per host run for staged copies)."""
 
     def __init__(self, torch, device, lanes: list[str]):
+        advice = connections_advice(os.environ)
+        if advice:
+            warnings.warn(advice, RuntimeWarning, stacklevel=3)
         self._torch = torch
         self._device = device
         self._streams = {lane: tuple(torch.cuda.Stream(device, priority=-1 if lane == "expedited" else 0)
