@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cc/cuda_check.h"
+#include "cc/load_kernel.h"
 #include "cc/memory_reach.h"
 #include "cc/stream_device.h"
 #include "cc/warp_copy.h"
@@ -43,9 +44,7 @@ void LaunchCopyKernel(const int64_t* device_src, const int64_t* device_dst,
 }  // namespace
 
 void LoadCopyKernel() {
-  cudaFuncAttributes attributes;
-  CheckCuda(cudaFuncGetAttributes(&attributes, CopyPiecesKernel),
-            "cudaFuncGetAttributes(copy kernel)");
+  LoadKernel(CopyPiecesKernel, "cudaFuncGetAttributes(copy kernel)");
 }
 
 void ValidateCtaBudget(int max_ctas) {

@@ -43,9 +43,7 @@ class PieceUpload {
   StreamUpload upload_;
 };
 
-// Loads the copy kernel into the current device's context now. Under lazy module
-// loading (CUDA's default) a kernel is loaded at its first launch, which waits for the
-// work already on the device.
+// Loads the copy kernel into the current device's context now (LoadKernel).
 void LoadCopyKernel();
 
 // Throws std::invalid_argument unless max_ctas >= 1.

@@ -13,6 +13,7 @@ namespace kvoffload {
 // Throws CudaError for any status but cudaSuccess.
 inline void CheckCuda(cudaError_t status, const char* call, int64_t copy_index = -1) {
   if (status != cudaSuccess) {
+    cudaGetLastError();  // reported here, so no later cudaGetLastError() reports it again
     throw CudaError(call, cudaGetErrorName(status), status, copy_index,
                     cudaGetErrorString(status));
   }

@@ -9,6 +9,7 @@
 
 #include "cc/batch_copy.h"
 #include "cc/cuda_check.h"
+#include "cc/load_kernel.h"
 #include "cc/memory_reach.h"
 #include "cc/page_address.h"
 #include "cc/staging_ring.h"
@@ -159,18 +160,15 @@ DevicePageTable::DevicePageTable(PageLayout layout, int device)
 }
 
 DevicePageTable::~DevicePageTable() {
-  // cudaFree waits for the kernels that may still read the refs.
-  int previous = 0;
-  if (cudaGetDevice(&previous) == cudaSuccess && cudaSetDevice(device_) == cudaSuccess) {
-    cudaFree(refs_);
-    cudaSetDevice(previous);
+  try {
+    DeviceGuard guard(device_);
+    cudaFree(refs_);  // waits for the kernels that may still read the refs
+  } catch (...) {
   }
 }
 
 void LoadPageCopyKernel() {
-  cudaFuncAttributes attributes;
-  CheckCuda(cudaFuncGetAttributes(&attributes, PageCopyKernel),
-            "cudaFuncGetAttributes(page copy kernel)");
+  LoadKernel(PageCopyKernel, "cudaFuncGetAttributes(page copy kernel)");
 }
 
 void ValidatePageCopyOptions(const PageCopyOptions& options) {

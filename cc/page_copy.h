@@ -54,7 +54,7 @@ CopyResult PageCopy(const DevicePageTable& table, const PageJob& job, bool load,
                     cudaStream_t stream, const PageCopyOptions& options = {},
                     bool validated = false);
 
-// Loads the page copy's kernel into the current device's context now (see LoadCopyKernel).
+// Loads the page copy's kernel into the current device's context now (LoadKernel).
 void LoadPageCopyKernel();
 
 // Throws std::invalid_argument for options no copy can run with.

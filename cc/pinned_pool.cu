@@ -2,50 +2,48 @@
 
 #include <cuda_runtime_api.h>
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "cc/cuda_check.h"
+#include "cc/stream_device.h"
 
 namespace kvoffload {
 namespace {
-
-// CheckCuda, after clearing the error so that no later cudaGetLastError() reports it.
-void Check(cudaError_t status, const char* call) {
-  if (status != cudaSuccess) cudaGetLastError();
-  CheckCuda(status, call);
-}
 
 void RequireRange(int64_t address, int64_t bytes) {
   if (address <= 0) throw std::invalid_argument("address: must be > 0");
   if (bytes <= 0) throw std::invalid_argument("bytes: must be > 0, got " + std::to_string(bytes));
 }
 
-// Makes `device` current and this thread's capture mode relaxed; restores both.
+// Makes `device` current (DeviceGuard) and this thread's capture mode relaxed; restores
+// both.
 class PoolCallScope {
  public:
   explicit PoolCallScope(int device) {
-    if (device < 0) throw std::invalid_argument("device: must be >= 0, got " + std::to_string(device));
+    if (device < 0) {
+      throw std::invalid_argument("device: must be >= 0, got " + std::to_string(device));
+    }
     RequireCudaDevice();
-    Check(cudaThreadExchangeStreamCaptureMode(&mode_), "cudaThreadExchangeStreamCaptureMode");
-    const cudaError_t got = cudaGetDevice(&previous_device_);
-    const cudaError_t set = got == cudaSuccess ? cudaSetDevice(device) : got;
-    if (set != cudaSuccess) {
-      cudaThreadExchangeStreamCaptureMode(&mode_);  // undo; the error below is the one to report
-      Check(set, got == cudaSuccess ? "cudaSetDevice" : "cudaGetDevice");
+    CheckCuda(cudaThreadExchangeStreamCaptureMode(&mode_), "cudaThreadExchangeStreamCaptureMode");
+    try {
+      guard_.emplace(device);
+    } catch (...) {
+      cudaThreadExchangeStreamCaptureMode(&mode_);  // undo; the error is the one to report
+      throw;
     }
   }
   ~PoolCallScope() {
-    // Destructors cannot throw; these only restore what the constructor changed.
-    cudaSetDevice(previous_device_);
+    guard_.reset();
     cudaThreadExchangeStreamCaptureMode(&mode_);
   }
   PoolCallScope(const PoolCallScope&) = delete;
   PoolCallScope& operator=(const PoolCallScope&) = delete;
 
  private:
-  int previous_device_ = 0;
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  std::optional<DeviceGuard> guard_;
 };
 
 }  // namespace
@@ -53,22 +51,22 @@ class PoolCallScope {
 void RegisterPoolPiece(int64_t address, int64_t bytes, int device) {
   RequireRange(address, bytes);
   PoolCallScope scope(device);
-  Check(cudaHostRegister(reinterpret_cast<void*>(address), bytes,
-                         cudaHostRegisterPortable | cudaHostRegisterMapped),
-        "cudaHostRegister");
+  CheckCuda(cudaHostRegister(reinterpret_cast<void*>(address), bytes,
+                             cudaHostRegisterPortable | cudaHostRegisterMapped),
+            "cudaHostRegister");
 }
 
 void UnregisterPoolPiece(int64_t address, int device) {
   RequireRange(address, 1);
   PoolCallScope scope(device);
-  Check(cudaHostUnregister(reinterpret_cast<void*>(address)), "cudaHostUnregister");
+  CheckCuda(cudaHostUnregister(reinterpret_cast<void*>(address)), "cudaHostUnregister");
 }
 
 bool HostRegisterSupported(int device) {
   PoolCallScope scope(device);
   int supported = 0;
-  Check(cudaDeviceGetAttribute(&supported, cudaDevAttrHostRegisterSupported, device),
-        "cudaDeviceGetAttribute(cudaDevAttrHostRegisterSupported)");
+  CheckCuda(cudaDeviceGetAttribute(&supported, cudaDevAttrHostRegisterSupported, device),
+            "cudaDeviceGetAttribute(cudaDevAttrHostRegisterSupported)");
   return supported != 0;
 }
 
@@ -81,7 +79,7 @@ int HostNumaNode(int device) {
     cudaGetLastError();
     return -1;
   }
-  Check(status, "cudaDeviceGetAttribute(cudaDevAttrHostNumaId)");
+  CheckCuda(status, "cudaDeviceGetAttribute(cudaDevAttrHostNumaId)");
   return node;
 }
 
@@ -89,14 +87,15 @@ int64_t PoolHostAlloc(int64_t bytes, int device) {
   RequireRange(1, bytes);
   PoolCallScope scope(device);
   void* pointer = nullptr;
-  Check(cudaHostAlloc(&pointer, bytes, cudaHostAllocPortable | cudaHostAllocMapped), "cudaHostAlloc");
+  CheckCuda(cudaHostAlloc(&pointer, bytes, cudaHostAllocPortable | cudaHostAllocMapped),
+            "cudaHostAlloc");
   return reinterpret_cast<int64_t>(pointer);
 }
 
 void PoolFreeHost(int64_t address, int device) {
   RequireRange(address, 1);
   PoolCallScope scope(device);
-  Check(cudaFreeHost(reinterpret_cast<void*>(address)), "cudaFreeHost");
+  CheckCuda(cudaFreeHost(reinterpret_cast<void*>(address)), "cudaFreeHost");
 }
 
 }  // namespace kvoffload

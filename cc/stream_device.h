@@ -3,28 +3,19 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cc/cuda_check.h"
-
 namespace kvoffload {
 
 // The device a stream belongs to (the current device for the legacy stream).
-inline int StreamDevice(cudaStream_t stream) {
-  RequireCudaDevice();
-  int device = 0;
-  CheckCuda(cudaStreamGetDevice(stream, &device), "cudaStreamGetDevice");
-  return device;
-}
+int StreamDevice(cudaStream_t stream);
 
-// Makes `device` current, with its primary context; restores the caller's device.
+// Makes `device` current, with its primary context; restores the caller's device, unless
+// that device's primary context is inactive: a thread that never chose a device reads
+// device 0, and making it current again would start a context there (hundreds of MiB on
+// a GPU the process may not use at all).
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) : device_(device) {
-    CheckCuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
-  }
-  ~DeviceGuard() {
-    if (device_ != previous_) cudaSetDevice(previous_);
-  }
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
@@ -33,6 +24,7 @@ class DeviceGuard {
  private:
   int previous_ = 0;
   int device_ = 0;
+  bool restore_ = false;
 };
 
 // The stream's device made current, which the driver's batch call and kernel launches

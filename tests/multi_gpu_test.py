@@ -1,7 +1,11 @@
 """Two GPUs: one handler per device, both busy at once; a tensor on one device with a
-stream of the other is refused."""
+stream of the other is refused; a process that uses only the second GPU starts no
+context on the first."""
 
 import concurrent.futures
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -63,3 +67,38 @@ def test_a_handler_rejects_tensors_on_two_devices():
     gpu = [[torch.zeros((8, 256), dtype=torch.uint8, device=f"cuda:{d}") for d in (0, 1)]]
     with pytest.raises(ValueError, match=r"gpu_tensors: expected one device, got \['cuda:0', 'cuda:1'\]"):
         OffloadHandler(gpu, 4, 2)
+
+
+# Run in a fresh process: a context on device 0, once made, stays. The handler's threads
+# (its enqueue thread, the pool's pinning threads) start with device 0 current.
+_ONLY_DEVICE_1 = """
+import ctypes, os, sys
+import numpy as np, torch
+sys.path.insert(0, os.getcwd())
+from kv_model import make_handler, soak
+
+cuda = ctypes.CDLL("libcuda.so.1")
+
+def active(device):
+    flags, state = ctypes.c_uint(), ctypes.c_int()
+    assert cuda.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(state)) == 0
+    return state.value
+
+rng = np.random.default_rng(5)
+torch.empty(1, device="cuda:1")
+print("before:", active(0), active(1))
+handler, model = make_handler(rng, [2048, 1024], [4, 2], num_blocks=32, num_chunks=24, bpc=2,
+                              cpu_layout="chunk_major", device="cuda:1", expedited_loads=True)
+soak(handler, model, rng, jobs=40, max_in_flight=8)
+handler.shutdown()
+print("after:", active(0), active(1))
+"""
+
+
+def test_a_process_on_device_1_starts_no_context_on_device_0():
+    here = os.path.dirname(os.path.abspath(__file__))
+    run = subprocess.run([sys.executable, "-c", _ONLY_DEVICE_1], cwd=here, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "before: 0 1" in run.stdout, run.stdout  # torch itself left device 0 alone
+    assert "after: 0 1" in run.stdout, run.stdout + run.stderr[-3000:]

@@ -500,7 +500,7 @@ def test_a_pipelined_job_never_waits_on_the_reused_end_of_a_collected_job_before
     assert all(records == b_records for event, records in streams[0].waited if event is b_end)
 
 
-@pytest.mark.parametrize("value", [None, "", "1", "8", str(CONNECTIONS - 1), "many", "-64"])
+@pytest.mark.parametrize("value", [None, "", "1", "8", str(CONNECTIONS - 1), "many", "-64", "\u00b2"])
 def test_too_few_hardware_queues_get_advice_naming_the_variable(value):
     environ = {} if value is None else {"CUDA_DEVICE_MAX_CONNECTIONS": value}
     advice = connections_advice(environ)

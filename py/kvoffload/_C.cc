@@ -21,6 +21,7 @@
 #include "cc/copy_batch.h"
 #include "cc/copy_kernel.h"
 #include "cc/copy_path.h"
+#include "cc/cuda_check.h"
 #include "cc/cuda_error.h"
 #include "cc/first_touch.h"
 #include "cc/host_copy.h"

@@ -173,6 +173,8 @@ class OffloadHandler:
         auto.check_max_slowdown(max_slowdown)
 
         on_gpu = device.type == "cuda"
+        if on_gpu:
+            load_kernels(device.index)  # now, so that the first job does not wait for the model
         self.registry = MemoryRegistry()
         registered = set()  # a tensor referenced by several groups is registered once
         for g, group in enumerate(gpu_tensors):
@@ -198,8 +200,6 @@ class OffloadHandler:
         self.gpu_tensors = gpu_tensors
         self._gpu_kind = MemoryKind.DEVICE if on_gpu else MemoryKind.HOST
         lanes = [Direction.STORE.value, Direction.LOAD.value] + (["expedited"] if expedited_loads else [])
-        if on_gpu:
-            load_kernels(device.index)  # now, so that the first job does not wait for the model
         if on_gpu and method == "auto":
             calibration.calibration(device.index)  # loaded, or measured now, not in the first job
         self._method, self._max_slowdown, self._page_ctas = method, max_slowdown, page_ctas

@@ -30,15 +30,17 @@ CONNECTIONS = 32
 
 def connections_advice(environ) -> str | None:
     """What to set, when ``environ`` leaves the driver fewer hardware queues than the
-    lanes need; None when it does not."""
+    lanes need; None when it does not. CUDA reads the variable once, when it starts in
+    the process: a later change to ``os.environ`` changes the advice, not the queues."""
     value = environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "")
-    if value.strip().isdigit() and int(value) >= CONNECTIONS:
+    if value.strip().isdecimal() and int(value) >= CONNECTIONS:
         return None
     now = f"is {value!r}" if value else "is not set (CUDA's default: 8 hardware queues)"
     return (f"CUDA_DEVICE_MAX_CONNECTIONS {now}: kvoffload's streams then share the driver's "
             f"hardware queues, which on an H200 slowed stores by 6% and stores and loads at once "
             f"by 12% in most processes. Set CUDA_DEVICE_MAX_CONNECTIONS={CONNECTIONS} in the "
-            f"environment before the process starts CUDA.")
+            f"environment before the process starts CUDA, unless a lower value is wanted for "
+            f"something else (then filter this RuntimeWarning).")
 
 
 class _CudaJob:
