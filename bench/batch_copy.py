@@ -257,7 +257,8 @@ def gpu_machine():
     import torch
 
     return dict(device=torch.cuda.get_device_name(), driver=driver_version(), torch=torch.__version__,
-                cuda_runtime=torch.version.cuda, batch_entry_point=kv.batch_entry_point_version())
+                cuda_runtime=torch.version.cuda, batch_entry_point=kv.batch_entry_point_version(),
+                cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"))
 
 
 def both_at_once(torch, streams, copies):

@@ -343,7 +343,9 @@ def main(argv):
                            config=dict(gpu_blocks=blocks, blocks_per_chunk=bpc, cpu_layout="chunk_major",
                                        calibration=(dataclasses.asdict(calibration.calibration())
                                                     if gpu and "auto" in FLAGS.methods else None),
-                                       moved_mib=moved >> 20),
+                                       moved_mib=moved >> 20,
+                                       cuda_device_max_connections=os.environ.get(
+                                           "CUDA_DEVICE_MAX_CONNECTIONS")),
                            rows=rows), f, indent=1)
         print(f"wrote {out}")
 
