@@ -1,6 +1,7 @@
 """kvoffload.handler on a machine without a GPU: jobs on host threads, the same API
 and the same ordering rules as on a GPU."""
 
+import collections
 import concurrent.futures
 import gc
 import linecache
@@ -561,4 +562,37 @@ def test_a_store_to_part_of_a_chunk_a_failed_store_wrote_leaves_the_rest_partial
         handler.wait(f"load {sub}")
         (load,) = handler.get_finished()
         assert load.success or "left partial by failed store 'bad'" in load.error
+    handler.shutdown()
+
+
+def entries(handler) -> int:
+    """Items in every container the handler and its lanes hold: what grows with jobs kept."""
+    return sum(len(v) for obj in (handler, handler._lanes, handler._conflicts, handler._accesses)
+               for v in vars(obj).values() if isinstance(v, (set, dict, list, collections.deque)))
+
+
+def test_the_ids_kept_for_wait_do_not_grow_with_the_jobs_run():
+    handler, model = small_handler()
+    batch, total = 64, 100_000
+    kept = OffloadHandler.COLLECTED_IDS_KEPT
+    counts, job_id = [], 0
+    for _ in range(total // batch):
+        ids = list(range(job_id, job_id + batch))
+        for k in ids:
+            assert handler.transfer_async(k, GPUSpec([k % 8], [1], [0]), CPUSpec([k % 4]))
+        job_id += batch
+        handler.wait(ids)
+        assert sorted(r.job_id for r in handler.get_finished()) == ids
+        counts.append(entries(handler))
+    assert max(counts[-50:]) <= counts[(kept + batch) // batch] + 16, counts[::100]  # flat once it is full
+    # What wait() still knows: a recent collected id returns at once; one never submitted,
+    # or reported more than COLLECTED_IDS_KEPT jobs ago, raises.
+    handler.wait(job_id - kept)
+    for unknown in (job_id, -1, 0, job_id - kept - 1):
+        with pytest.raises(ValueError, match=r"job_ids: .* was never submitted"):
+            handler.wait(unknown)
+    handler.wait([job_id, -1, 0], ignore_unknown=True)
+    for k in range(job_id - 4, job_id):  # the last store into each chunk holds its bytes
+        model.store([k % 8], [1], [0], [k % 4])
+    check(handler, model)
     handler.shutdown()

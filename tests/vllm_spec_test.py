@@ -175,3 +175,43 @@ def test_the_worker_needs_only_vllms_light_modules():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["[]", repr(sorted(heavy))]
+
+
+def test_vllm_connector_flushes_a_preemption_on_every_rank_of_a_replicated_layout(monkeypatch):
+    # vLLM's own connector worker on two ranks sharing one pool: rank 1 skips the stores
+    # (only rank 0 writes the shared pool) and then waits for the flushed ids it never saw,
+    # as vLLM's handle_preemptions does; it must return, and load what rank 0 stored.
+    monkeypatch.setattr(CPUOffloadingSpec, "_uses_shared_region", lambda self: True)
+    engine = f"engine-flush-{os.getpid()}-{time.monotonic_ns()}"
+    ranks = [KVOffloadSpec(config(world_size=2, rank=r, engine_id=engine, replicated_layout=True))
+             for r in range(2)]
+    rng = np.random.default_rng(7)
+    caches = [VllmCache(rng, ROWS, REFS, num_blocks=32) for _ in ranks]
+    connectors = [OffloadingConnectorWorker(spec, None, None) for spec in ranks]
+    assert [c._is_store_writer for c in connectors] == [True, False]
+    for connector, cache in zip(connectors, caches):
+        connector._init_worker(cache.kv_caches)
+    blocks = rng.permutation(32)
+    chunks = rng.permutation(ranks[0].num_chunks)[:4].tolist()
+    stores = {10: TransferJob("r0", GPULoadStoreSpec(blocks[0:4].tolist(), [4], [0]), CPULoadStoreSpec(chunks[:2])),
+              11: TransferJob("r1", GPULoadStoreSpec(blocks[4:8].tolist(), [4], [0]), CPULoadStoreSpec(chunks[2:]))}
+    meta = lambda loads, store_jobs, flush=None: OffloadingConnectorMetadata(loads, store_jobs, flush)
+    for connector in connectors:  # step 1: job 10 deferred; step 2: 11 flushed with it (preemption)
+        connector.start_kv_transfers(meta({}, {}))
+        connector.prepare_store_kv(meta({}, {10: stores[10]}))
+    for connector in connectors:
+        connector.handle_preemptions(meta({}, {11: stores[11]}, flush={10, 11}))
+    # Both flushed stores are in the shared pool now: rank 1 loads them (a sync load waits).
+    dst = blocks[8:16]
+    caches[1].poison(0, dst)
+    connectors[1].start_kv_transfers(meta(
+        {12: TransferJob("r2", CPULoadStoreSpec(chunks), GPULoadStoreSpec(dst.tolist(), [8], [0]), sync=True)}, {}))
+    for i, page in REFS[0]:
+        assert torch.equal(caches[1].tensors[i][torch.as_tensor(dst), :page],
+                           caches[0].tensors[i][torch.as_tensor(blocks[:8]), :page])
+    for connector in connectors:
+        connector.get_finished(set())
+    reports = [c.build_connector_worker_meta().completed_jobs for c in connectors]
+    assert reports == [{10: 1, 11: 1}, {10: 1, 11: 1, 12: 1}]
+    for connector in connectors:
+        connector.shutdown()

@@ -136,6 +136,8 @@ class OffloadHandler:
 
     PAGE_METHODS = ("pages", "pages_kernel")
 
+    COLLECTED_IDS_KEPT = 1 << 14  # see wait()
+
     def __init__(self, gpu_tensors: Sequence[Sequence], num_cpu_chunks: int | Sequence[int],
                  blocks_per_chunk: int, *, page_bytes: Sequence[int] | None = None,
                  cpu_layout: str = "chunk_major", host_buffer=None, expedited_loads: bool = False,
@@ -236,7 +238,9 @@ class OffloadHandler:
         self._accesses = LaneAccesses(gpu_keys, cpu_keys)  # the last store of each CPU part, for failures
         self._unstarted: _Job | None = None  # see _start_unstarted
         self._submitted = 0
-        self._ids: set = set()  # every job id ever submitted, for wait()
+        # The ids get_finished() reported last, oldest first (at most COLLECTED_IDS_KEPT), for
+        # wait(): with those in flight and those not yet collected, all the ids it knows.
+        self._collected: collections.OrderedDict = collections.OrderedDict()
         self._finished: dict[Hashable, TransferResult] = {}  # not yet collected
         self._closing = self._closed = False
 
@@ -296,7 +300,6 @@ class OffloadHandler:
             src, dst, sizes = plan.load() if load else plan.store()
             self.registry.check_copies(src, dst, sizes, *direction.ends(MemoryKind.HOST, self._gpu_kind))
         if partial:
-            self._ids.add(job.job_id)
             self._finished[job.job_id] = TransferResult(
                 job.job_id, False, job.direction, job.bytes, 0.0,
                 f"reads CPU chunks left partial by failed store {partial[0]!r}; nothing copied")
@@ -337,7 +340,6 @@ class OffloadHandler:
         self._unstarted = job
         self._in_flight[job.job_id] = job
         self._lane_jobs[job.lane].append(job)
-        self._ids.add(job.job_id)
         self._record(job)
         self._lanes.start(job.handle)
         self._unstarted = None
@@ -355,7 +357,6 @@ class OffloadHandler:
             lane = self._lane_jobs[job.lane]
             if not lane or lane[-1] is not job:
                 lane.append(job)
-            self._ids.add(job.job_id)
             self._record(job)
             self._lanes.start(job.handle)
         self._unstarted = None
@@ -372,20 +373,32 @@ class OffloadHandler:
         with self._lock:
             self._start_unstarted()
             self._collect()
+            collected = self._collected
+            for job_id in self._finished:  # first: an interrupt here loses no result
+                collected[job_id] = None
+                collected.move_to_end(job_id)
+            while len(collected) > self.COLLECTED_IDS_KEPT:
+                collected.popitem(last=False)
             finished, self._finished = self._finished, {}
         return list(finished.values())
 
-    def wait(self, job_ids: Hashable | Iterable[Hashable]) -> None:
+    def wait(self, job_ids: Hashable | Iterable[Hashable], *, ignore_unknown: bool = False) -> None:
         """Blocks until these jobs are done: one job id (a string or tuple is one id), or
-        a list or set of them. Jobs already done return at once; an id never submitted
-        raises ValueError."""
+        a list or set of them. Jobs already done return at once: those not yet collected,
+        and those among the last ``COLLECTED_IDS_KEPT`` that get_finished() reported (the
+        handler keeps no more, so that its memory does not grow with the jobs run). Any
+        other id (never submitted, or reported long before) raises ValueError, or with
+        ``ignore_unknown`` returns at once, as vLLM's offloading workers do."""
         ids = [job_ids] if _one_id(job_ids) else list(job_ids)
         with self._lock:
             self._start_unstarted()
             self._check_open()
-            unknown = [job_id for job_id in ids if job_id not in self._ids]
+            unknown = [] if ignore_unknown else [
+                job_id for job_id in ids
+                if job_id not in self._in_flight and job_id not in self._finished and job_id not in self._collected]
             if unknown:
-                raise ValueError(f"job_ids: {unknown[0]!r} was never submitted")
+                raise ValueError(f"job_ids: {unknown[0]!r} was never submitted (or was reported by "
+                                 f"get_finished() before the last {self.COLLECTED_IDS_KEPT} jobs it reported)")
             handles = [self._in_flight[job_id].handle for job_id in ids if job_id in self._in_flight]
         for handle in handles:
             self._lanes.wait(handle)

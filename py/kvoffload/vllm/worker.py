@@ -101,7 +101,10 @@ class KVOffloadWorker(OffloadingWorker):
         return results
 
     def wait(self, job_ids: set[int]) -> None:
-        self.handler.wait(job_ids)
+        # Ids this worker never saw return at once, as in vLLM's CPUOffloadingWorker: under
+        # the replicated layout vLLM's connector skips the stores of every rank but 0, then
+        # waits for them on every rank (OffloadingConnectorWorker.handle_preemptions).
+        self.handler.wait(job_ids, ignore_unknown=True)
 
     def shutdown(self) -> None:
         self.handler.shutdown()
