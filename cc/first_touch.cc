@@ -7,7 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <condition_variable>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -33,13 +36,40 @@ void RequireRange(int64_t address, int64_t bytes) {
   if (bytes <= 0) throw std::invalid_argument("bytes: must be > 0, got " + std::to_string(bytes));
 }
 
-// 0 or an errno. Kernels before 5.14 lack MADV_POPULATE_WRITE: then an atomic add of
-// zero per page faults it in for writing and keeps what another process wrote there.
+std::atomic<testing::MadviseFunction> madvise_for_testing{nullptr};
+
+int Madvise(char* begin, int64_t bytes, int advice) {
+  const testing::MadviseFunction function = madvise_for_testing.load();
+  return function != nullptr ? function(begin, bytes, advice) : madvise(begin, bytes, advice);
+}
+
+// The end of the slice that starts at `at`: kPopulateSliceBytes on, cut back to a 2 MiB
+// boundary (no two calls fault one huge page), and no further than `stop`.
+int64_t SliceEnd(int64_t at, int64_t stop) {
+  int64_t end = at + kPopulateSliceBytes;
+  if (end - end % kSliceAlign > at) end -= end % kSliceAlign;
+  return std::min(end, stop);
+}
+
+// 0 or an errno, faulting in at most kPopulateSliceBytes a call. Kernels before 5.14
+// lack MADV_POPULATE_WRITE: then an atomic add of zero per page faults it in for
+// writing and keeps what another process wrote there.
 int Populate(char* begin, int64_t bytes) {
-  if (madvise(begin, bytes, MADV_POPULATE_WRITE) == 0) return 0;
-  if (errno != EINVAL) return errno;
-  for (int64_t at = 0; at < bytes; at += kPage) {
-    __atomic_fetch_add(begin + at, 0, __ATOMIC_RELAXED);
+  const int64_t first = reinterpret_cast<int64_t>(begin), last = first + bytes;
+  bool fallback = false;
+  for (int64_t at = first; at < last;) {
+    const int64_t end = SliceEnd(at, last);
+    char* slice = reinterpret_cast<char*>(at);
+    if (!fallback && Madvise(slice, end - at, MADV_POPULATE_WRITE) != 0) {
+      if (errno != EINVAL) return errno;
+      fallback = true;
+    }
+    if (fallback) {
+      for (int64_t page = 0; page < end - at; page += kPage) {
+        __atomic_fetch_add(slice + page, 0, __ATOMIC_RELAXED);
+      }
+    }
+    at = end;
   }
   return 0;
 }
@@ -72,17 +102,44 @@ void TouchPages(int64_t address, int64_t bytes, const std::vector<int>& cpus, in
     edges[i] = std::max(edges[i - 1], at - at % kSliceAlign);
   }
   std::vector<int> errors(count, 0);
+  // The threads start touching only once all have started: one that cannot start
+  // leaves the pool untouched.
+  std::mutex mutex;
+  std::condition_variable started;
+  bool go = false;
+  std::atomic<bool> stop{false};
   std::vector<std::thread> workers;
   workers.reserve(count);
+  auto join = [&](bool abandon) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      go = true;
+      if (abandon) stop = true;
+    }
+    started.notify_all();
+    for (std::thread& worker : workers) worker.join();
+  };
   for (int i = 0; i < count; ++i) {
-    workers.emplace_back([&, i] {
-      if (!cpus.empty()) PinThisThread(cpus[i % cpus.size()]);
-      if (edges[i + 1] > edges[i]) {
-        errors[i] = Populate(reinterpret_cast<char*>(edges[i]), edges[i + 1] - edges[i]);
-      }
-    });
+    try {
+      workers.emplace_back([&, i] {
+        {
+          std::unique_lock<std::mutex> lock(mutex);
+          started.wait(lock, [&] { return go; });
+        }
+        if (stop.load()) return;
+        if (!cpus.empty()) PinThisThread(cpus[i % cpus.size()]);
+        if (edges[i + 1] > edges[i]) {
+          errors[i] = Populate(reinterpret_cast<char*>(edges[i]), edges[i + 1] - edges[i]);
+        }
+      });
+    } catch (const std::system_error& e) {
+      join(/*abandon=*/true);
+      throw std::system_error(e.code(), "first touch: could not start thread " + std::to_string(i + 1) +
+                                            " of " + std::to_string(count) +
+                                            " (RLIMIT_AS or RLIMIT_NPROC?); nothing was touched");
+    }
   }
-  for (std::thread& worker : workers) worker.join();
+  join(/*abandon=*/false);
   for (int i = 0; i < count; ++i) {
     if (errors[i] != 0) {
       throw std::system_error(errors[i], std::generic_category(),
@@ -106,5 +163,9 @@ void PreferNumaNode(int64_t address, int64_t bytes, int node) {
                             "mbind(MPOL_PREFERRED, node " + std::to_string(node) + ")");
   }
 }
+
+namespace testing {
+void SetMadviseForTesting(MadviseFunction function) { madvise_for_testing.store(function); }
+}  // namespace testing
 
 }  // namespace kvoffload

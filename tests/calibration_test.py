@@ -5,6 +5,10 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import re
+import shutil
+import stat
+import tempfile
 
 import numpy as np
 import pytest
@@ -12,7 +16,8 @@ import torch
 
 import kvoffload as kv
 from kvoffload import calibration
-from kvoffload.calibration import Calibration
+from hostile import as_another_user
+from kvoffload.calibration import Calibration, CalibrationCacheError
 
 
 def fake(key):
@@ -121,3 +126,101 @@ def test_a_point_beside_the_loop_keeps_the_window_that_slowed_it_least(seed):
     dry = [(9.0, None)] + windows  # a window where the loop ran dry measured no slowdown
     assert calibration.least_slowdown(dry) == min(windows, key=lambda w: w[1])
     assert calibration.least_slowdown([(9.0, None), (3.0, None)])[1] is None
+
+
+def _good_entry(key="fake GPU 0"):
+    return dict(dataclasses.asdict(fake(key)), format=calibration.FORMAT)
+
+
+CORRUPT = {
+    "truncated": b'{"fake GPU 0": {"format": 9, "key": "fake',
+    "empty": b"",
+    "blank": b"  \n",
+    "a list": b"[1, 2]",
+    "a number": b"9",
+    "not UTF-8": b'{"fake GPU 0": "\xff\xfe"}',
+    # Entries that do not hold a calibration; another device's good entry beside them.
+    "an entry that is no object": json.dumps({"fake GPU 0": 5, "other GPU": _good_entry("other GPU")}).encode(),
+    "an entry with unknown fields": json.dumps({"fake GPU 0": {"format": calibration.FORMAT, "speed": 1},
+                                                "other GPU": _good_entry("other GPU")}).encode(),
+    "an entry with a table that is no list": json.dumps(
+        {"fake GPU 0": dict(_good_entry(), rates={"batch h2d scattered": "fast"}),
+         "other GPU": _good_entry("other GPU")}).encode(),
+    "an entry with a table of the wrong length": json.dumps(
+        {"fake GPU 0": dict(_good_entry(), beside={"batch h2d": [1.0]}), "other GPU": _good_entry("other GPU")}).encode(),
+}
+
+
+@pytest.mark.parametrize("kind", CORRUPT)
+def test_a_corrupt_cache_names_the_file_and_recalibrate_replaces_it(machine, monkeypatch, capsys, kind):
+    file, measured = machine
+    file.write_bytes(CORRUPT[kind])
+    with pytest.raises(CalibrationCacheError, match=rf"^{re.escape(str(file))}: corrupt calibration cache "
+                       r"\(.+\); replace it with python -m kvoffload.calibration --recalibrate"):
+        calibration.calibration(0)
+    assert measured == [] and file.read_bytes() == CORRUPT[kind]  # nothing measured, the file left alone
+    calibration.main(["--recalibrate"])
+    assert measured == [0] and f"fake GPU 0: written to {file}" in capsys.readouterr().out
+    entries = json.loads(file.read_text())
+    assert entries["fake GPU 0"]["format"] == calibration.FORMAT
+    if kind.startswith("an entry"):
+        assert entries["other GPU"] == _good_entry("other GPU")  # a readable file keeps the others
+    monkeypatch.setattr(calibration, "_cached", {})
+    assert calibration.calibration(0) == fake("fake GPU 0") and measured == [0]  # read back
+
+
+def test_a_planted_lock_symlink_is_refused_and_its_target_left_intact(machine, tmp_path):
+    file, measured = machine
+    target = tmp_path / "precious"
+    target.write_text("keep me")
+    os.symlink(target, f"{file}.lock")
+    with pytest.raises(CalibrationCacheError, match=rf"{re.escape(str(file))}.lock: the calibration lock is "
+                                                    r"a symbolic link; refusing to follow it"):
+        calibration.calibration(0)
+    assert target.read_text() == "keep me" and measured == []
+
+
+def test_a_lock_that_is_not_a_regular_file_is_refused(machine):
+    file, measured = machine
+    os.mkdir(f"{file}.lock")
+    with pytest.raises(CalibrationCacheError, match=r"calibration.json.lock: the calibration lock is a "
+                                                    r"directory, not a regular file"):
+        calibration.calibration(0)
+    assert measured == []
+
+
+def test_the_lock_file_is_not_truncated(machine):
+    file, measured = machine
+    lock = file.parent / "calibration.json.lock"
+    lock.write_text("held by another tool")
+    calibration.calibration(0)
+    assert measured == [0] and lock.read_text() == "held by another tool"
+
+
+@pytest.fixture
+def read_only_cache(monkeypatch):
+    """A cache holding fake GPU 0's entry in a directory that the test may read, not write
+    (another user's, where the test runs as root)."""
+    directory = tempfile.mkdtemp(dir="/dev/shm", prefix="kvoffload-test-")
+    file = os.path.join(directory, "calibration.json")
+    with open(file, "w") as f:
+        json.dump({"fake GPU 0": _good_entry()}, f)
+    os.chmod(file, 0o644)
+    os.chmod(directory, 0o555)
+    monkeypatch.setenv("KVOFFLOAD_CALIBRATION", file)
+    yield file
+    os.chmod(directory, 0o755)
+    shutil.rmtree(directory)
+
+
+def test_a_read_only_cache_with_this_devices_entry_serves_without_write_access(machine, read_only_cache):
+    _, measured = machine
+    assert as_another_user(calibration.calibration, 0) == fake("fake GPU 0")
+    assert os.listdir(os.path.dirname(read_only_cache)) == ["calibration.json"]  # no lock made
+    assert measured == []
+
+
+def test_a_read_only_cache_without_this_devices_entry_says_why_it_cannot_be_written(machine, read_only_cache):
+    with pytest.raises(PermissionError):
+        as_another_user(calibration.calibration, 1)  # fake GPU 1 is measured, then not saved
+    assert stat.S_IMODE(os.stat(read_only_cache).st_mode) == 0o644

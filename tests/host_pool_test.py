@@ -261,6 +261,17 @@ def test_without_registration_the_pool_comes_from_cuda_host_alloc(monkeypatch):
     (dict(numa_node=-1), r"numa_node: expected None or an int >= 0, got -1"),
     (dict(piece_bytes=100), r"piece_bytes: expected an int >= 4096, got 100"),
     (dict(huge_pages="yes"), r"huge_pages: expected one of"),
+    (dict(background="no"), r"background: expected True or False, got 'no'"),
+    (dict(wait_for_pinning="no"), r"wait_for_pinning: expected True or False, got 'no'"),
+    (dict(background=1), r"background: expected True or False, got 1"),
+    (dict(threads=True), r"threads: expected None or an int >= 1, got True"),
+    (dict(numa_node=False), r"numa_node: expected None or an int >= 0, got False"),
+    (dict(piece_bytes=True), r"piece_bytes: expected an int >= 4096, got True"),
+    (dict(progress_bytes="8G"), r"progress_bytes: expected an int >= 0, got '8G'"),
+    (dict(progress_bytes=-1), r"progress_bytes: expected an int >= 0, got -1"),
+    (dict(progress_bytes=None), r"progress_bytes: expected an int >= 0, got None"),
+    (dict(shm_name="a\0b"), r"shm_name: must not contain a NUL byte"),
+    (dict(shm_name=""), r"shm_name: expected a file name without '/'"),
 ])
 def test_bad_options_are_named(options, message):
     with pytest.raises(ValueError, match=message):
@@ -330,3 +341,71 @@ def test_register_threads_must_be_a_positive_int():
     for bad in (0, -1, 1.5, None):
         with pytest.raises(ValueError, match="register_threads: expected an int >= 1"):
             PoolOptions(register_threads=bad)
+
+
+# In a child whose threads get 64 MiB stacks: an address-space limit leaves room for two
+# of the eight first-touch threads of a 512 MiB range.
+_THREADS_CANNOT_START = """
+import json, mmap, re, resource
+import numpy as np
+from kvoffload import _C
+from kvoffload.host_pool import HostPool, PinnedMemoryError, PoolOptions
+
+def vm_bytes():
+    return int(re.search(r"^VmSize:\\s+(\\d+) kB", open("/proc/self/status").read(), re.M).group(1)) << 10
+
+def rss_kib(address):
+    found = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if "-" in head[0] and not head[0].endswith(":"):
+            start, end = (int(x, 16) for x in head[0].split("-"))
+            found = start <= address < end
+        elif found and head[0] == "Rss:":
+            return int(head[1])
+
+out, soft, hard = {}, *resource.getrlimit(resource.RLIMIT_AS)
+memory = mmap.mmap(-1, 512 << 20, flags=mmap.MAP_PRIVATE)
+base = np.frombuffer(memory, np.uint8).ctypes.data
+resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + (160 << 20), hard))
+try:
+    _C.pool_touch(base, 512 << 20, [], 8)
+    out["raised"] = None
+except RuntimeError as e:
+    out["raised"] = str(e)
+resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+out["rss_kib"] = rss_kib(base)
+resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + (512 << 20) + (32 << 20), hard))
+try:
+    HostPool(512 << 20, pinned=False, options=PoolOptions(threads=8))
+    out["pool"] = None
+except PinnedMemoryError as e:
+    out["pool"] = str(e)
+resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+print(json.dumps(out))
+"""
+
+
+def _big_thread_stacks():
+    _, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    resource.setrlimit(resource.RLIMIT_STACK, (64 * MiB, hard))
+
+
+def test_first_touch_threads_that_cannot_start_raise_and_touch_nothing():
+    import json
+    import subprocess
+    import sys
+
+    if resource.getrlimit(resource.RLIMIT_STACK)[1] not in (resource.RLIM_INFINITY,) and \
+            resource.getrlimit(resource.RLIMIT_STACK)[1] < 64 * MiB:
+        pytest.skip("RLIMIT_STACK's hard limit is below 64 MiB")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    child = subprocess.run([sys.executable, "-c", _THREADS_CANNOT_START], capture_output=True, text=True,
+                           env=env, preexec_fn=_big_thread_stacks, timeout=120)
+    assert child.returncode == 0, child.stderr  # not std::terminate's SIGABRT
+    out = json.loads(child.stdout)
+    assert re.fullmatch(r"first touch: could not start thread [1-8] of 8 \(RLIMIT_AS or RLIMIT_NPROC\?\); "
+                        r"nothing was touched: .+", out["raised"]), out
+    assert out["rss_kib"] == 0  # the threads that started touched nothing either
+    assert out["pool"].startswith("could not start the threads that fault the host pool in: first touch: "
+                                  "could not start thread"), out

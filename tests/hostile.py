@@ -65,3 +65,84 @@ def copied(src, dst_before, pairs):
     for s, d in pairs:
         want[d] = src[s]
     return want
+
+
+
+def another_uid() -> int | None:
+    """A uid other than this process's that files can be given to (chown), as another
+    user would own them: needs root, and a user namespace (Bazel's sandbox maps only
+    root) that maps it; None where there is none."""
+    import os
+    import tempfile
+
+    if os.geteuid() != 0:
+        return None
+    uid = 65534
+    with tempfile.NamedTemporaryFile(dir="/dev/shm", prefix=".kvoffload-test-") as f:
+        try:
+            os.fchown(f.fileno(), uid, -1)
+        except OSError:  # EINVAL: not mapped in this user namespace
+            return None
+    return uid
+
+
+def _drop_privileges() -> None:
+    """Makes this process another user (uid 65534) where it is root and that user exists
+    in its user namespace; else, as root of a namespace that maps no other uid, drops
+    every capability (CAP_DAC_OVERRIDE among them), so that file modes bind it."""
+    import ctypes
+    import os
+
+    if os.geteuid() != 0:
+        return
+    try:
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+        return
+    except OSError:
+        pass
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3: none
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset: could not drop this process's capabilities")
+
+
+def as_another_user(function, *args):
+    """Runs ``function(*args)`` in a forked child that file permissions bind as they bind
+    another user (see _drop_privileges), and returns what it returns or raises what it
+    raises (pickled back)."""
+    import os
+    import pickle
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            try:
+                _drop_privileges()
+                result = (True, function(*args))
+            except BaseException as e:  # noqa: BLE001 - handed to the parent
+                result = (False, e)
+            with os.fdopen(write, "wb") as f:
+                pickle.dump(result, f)
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    assert data, "the child died before it could report"
+    ok, value = pickle.loads(data)
+    if not ok:
+        raise value
+    return value

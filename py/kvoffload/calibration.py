@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import functools
 import json
 import math
 import os
 import pathlib
+import stat
 import subprocess
 import sys
 import tempfile
@@ -225,23 +227,92 @@ _lock = threading.Lock()
 _cached: dict[str, Calibration] = {}
 
 
+class CalibrationCacheError(ValueError):
+    """The calibration cache file cannot be read as one; names the file."""
+
+
 @contextlib.contextmanager
 def _file_lock(file: pathlib.Path):
-    """Other processes calibrating into the same file wait for this one."""
+    """Other processes calibrating into the same file wait for this one. The lock file
+    is opened without following a symbolic link and without truncating it, and must be a
+    regular file: a planted link would otherwise have its target truncated."""
     file.parent.mkdir(parents=True, exist_ok=True)
-    with open(file.with_suffix(file.suffix + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    lock_path = file.with_suffix(file.suffix + ".lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CalibrationCacheError(f"{lock_path}: the calibration lock is a symbolic link; "
+                                        "refusing to follow it (remove it)") from None
+        if os.path.isdir(lock_path):
+            raise CalibrationCacheError(f"{lock_path}: the calibration lock is a directory, not a "
+                                        "regular file (remove it)") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CalibrationCacheError(f"{lock_path}: the calibration lock is not a regular file "
+                                        "(remove it)")
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _corrupt(file: pathlib.Path, why: str) -> CalibrationCacheError:
+    return CalibrationCacheError(f"{file}: corrupt calibration cache ({why}); replace it with "
+                                 "python -m kvoffload.calibration --recalibrate, or remove it")
 
 
 def _read(file: pathlib.Path) -> dict:
+    """The file's entries ({} if there is no file); CalibrationCacheError if it is not a
+    JSON object."""
     try:
-        return json.loads(file.read_text())
+        text = file.read_bytes().decode("utf-8")
     except FileNotFoundError:
         return {}
+    except UnicodeDecodeError as e:
+        raise _corrupt(file, f"not UTF-8: {e}") from None
+    try:
+        entries = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _corrupt(file, "empty" if not text.strip() else f"not JSON: {e}") from None
+    if not isinstance(entries, dict):
+        raise _corrupt(file, f"expected a JSON object, got {type(entries).__name__}")
+    return entries
+
+
+def _numbers(value, none=False) -> bool:
+    return isinstance(value, list) and all(
+        (v is None and none) or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in value)
+
+
+def _entry(file: pathlib.Path, key: str, entry) -> Calibration | None:
+    """The calibration an entry holds; None where there is none or it is of another
+    format (measured again); CalibrationCacheError where it is not one."""
+    if entry is None:
+        return None
+    if not isinstance(entry, dict):
+        raise _corrupt(file, f"the entry of {key!r} is a {type(entry).__name__}, not an object")
+    if entry.get("format") != FORMAT:
+        return None
+    fields = dict(entry)
+    fields.pop("format")
+    try:
+        cal = Calibration(**fields)
+    except TypeError as e:
+        raise _corrupt(file, f"the entry of {key!r}: {e}") from None
+    good = (isinstance(cal.key, str) and _numbers(cal.sizes) and _numbers(cal.beside_sizes)
+            and isinstance(cal.rates, dict) and isinstance(cal.beside, dict) and isinstance(cal.slowdown, dict)
+            and all(_numbers(t) and len(t) == len(cal.sizes) for t in cal.rates.values())
+            and all(_numbers(t) and len(t) == len(cal.beside_sizes) for t in cal.beside.values())
+            and all(_numbers(t, none=True) and len(t) == len(cal.beside_sizes) for t in cal.slowdown.values())
+            and set(cal.slowdown) == set(cal.beside))
+    if not good:
+        raise _corrupt(file, f"the entry of {key!r} does not hold a calibration")
+    return cal
 
 
 def _write(file: pathlib.Path, entries: dict) -> None:
@@ -254,7 +325,9 @@ def _write(file: pathlib.Path, entries: dict) -> None:
 
 def calibration(device: int | None = None, recalibrate: bool = False) -> Calibration:
     """``device``'s calibration (default: the current device): cached in this process,
-    else from the file, else measured on that device and saved."""
+    else from the file, else measured on that device and saved. Reading takes no lock
+    (the file is replaced whole), so a read-only cache serves; measuring takes it.
+    ``recalibrate`` measures again and replaces a file that cannot be read."""
     import torch
 
     if not torch.cuda.is_available():
@@ -265,16 +338,21 @@ def calibration(device: int | None = None, recalibrate: bool = False) -> Calibra
         if key in _cached and not recalibrate:
             return _cached[key]
         file = path()
-        with _file_lock(file):
-            entry = _read(file).get(key)
-            if entry and entry.get("format") == FORMAT and not recalibrate:
-                entry.pop("format")
-                cal = Calibration(**entry)
-            else:
-                cal = measure(device)
-                entries = _read(file)
-                entries[key] = dict(dataclasses.asdict(cal), format=FORMAT)
-                _write(file, entries)
+        cal = None if recalibrate else _entry(file, key, _read(file).get(key))
+        if cal is None:
+            with _file_lock(file):
+                if not recalibrate:  # another process may have measured it meanwhile
+                    cal = _entry(file, key, _read(file).get(key))
+                if cal is None:
+                    cal = measure(device)
+                    try:
+                        entries = _read(file)
+                    except CalibrationCacheError:
+                        if not recalibrate:
+                            raise
+                        entries = {}  # --recalibrate replaces what cannot be read
+                    entries[key] = dict(dataclasses.asdict(cal), format=FORMAT)
+                    _write(file, entries)
         _cached[key] = cal
         return cal
 

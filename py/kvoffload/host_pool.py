@@ -21,6 +21,7 @@ foreground or in the background (``ready()``, ``wait()``).
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import threading
 import time
@@ -34,6 +35,7 @@ from kvoffload import _C, numa
 from kvoffload.planner import KVLayout, TransferPlan, alias_classes
 from kvoffload.pool_memory import HUGE_PAGES, PinnedMemoryError, PoolMemory
 from kvoffload.pool_pieces import ChunkRun, piece_ends, split_at
+from kvoffload.shm_file import check_name
 
 CPU_LAYOUTS = ("chunk_major", "per_tensor")
 _ALIGN = 4096
@@ -179,16 +181,27 @@ class PoolOptions:
     progress_bytes: int = 8 << 30
 
     def __post_init__(self):
+        if self.shm_name is not None:
+            check_name(self.shm_name)
         if self.huge_pages not in HUGE_PAGES:
             raise ValueError(f"huge_pages: expected one of {HUGE_PAGES}, got {self.huge_pages!r}")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+        for field in ("background", "wait_for_pinning"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"{field}: expected True or False, got {getattr(self, field)!r}")
+        if self.threads is not None and (not _is_int(self.threads) or self.threads < 1):
             raise ValueError(f"threads: expected None or an int >= 1, got {self.threads!r}")
-        if self.numa_node is not None and (not isinstance(self.numa_node, int) or self.numa_node < 0):
+        if self.numa_node is not None and (not _is_int(self.numa_node) or self.numa_node < 0):
             raise ValueError(f"numa_node: expected None or an int >= 0, got {self.numa_node!r}")
-        if not isinstance(self.register_threads, int) or self.register_threads < 1:
+        if not _is_int(self.register_threads) or self.register_threads < 1:
             raise ValueError(f"register_threads: expected an int >= 1, got {self.register_threads!r}")
-        if not isinstance(self.piece_bytes, int) or self.piece_bytes < 4096:
+        if not _is_int(self.piece_bytes) or self.piece_bytes < 4096:
             raise ValueError(f"piece_bytes: expected an int >= 4096, got {self.piece_bytes!r}")
+        if not _is_int(self.progress_bytes) or self.progress_bytes < 0:
+            raise ValueError(f"progress_bytes: expected an int >= 0, got {self.progress_bytes!r}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 class HostPool:
@@ -209,6 +222,7 @@ class HostPool:
         self.options = options if options is not None else PoolOptions()
         self.device = device
         self.pinned = pinned
+        self._pid = os.getpid()  # a forked child's copy leaves the registrations to this process
         self.memory: PoolMemory | None = None
         self._buffer = None
         self._tensor = None
@@ -356,6 +370,9 @@ class HostPool:
             _C.pool_touch(self.base + at, end - at, cpus, threads)
             self.touch_seconds += time.monotonic() - began
         except RuntimeError as e:
+            if str(e).startswith("first touch: could not start"):
+                raise PinnedMemoryError(f"could not start the threads that fault the host pool "
+                                        f"in: {e}") from e
             shared = self.memory.shared_file
             where = f" ({shared.path}: is its filesystem full?)" if shared is not None else ""
             raise PinnedMemoryError(f"could not allocate the host pool's memory{where}: {e}") from e
@@ -447,13 +464,17 @@ class HostPool:
 
     def release(self) -> None:
         """Stops pinning, unregisters every piece and unmaps (or frees) the memory, which
-        goes now or, if views of it are still alive, with the last of them. Idempotent."""
+        goes now or, if views of it are still alive, with the last of them. Idempotent. In
+        a forked child it only unmaps the child's copy: a shared file stays, and so does
+        its lock, which is the parent's."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         failures = []
+        if os.getpid() != self._pid:
+            self._registered = []  # the parent's, in its CUDA context: a forked child only unmaps
         for address in self._registered:
             try:
                 if self._buffer is not None:

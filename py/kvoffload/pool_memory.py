@@ -9,6 +9,7 @@ are unmapped (or freed) then, or when the last view a caller still holds goes.
 from __future__ import annotations
 
 import mmap
+import os
 import warnings
 
 import numpy as np
@@ -162,12 +163,14 @@ class _HostAllocation:
 
     def __init__(self, nbytes: int, device: int):
         self.device = device
+        self.pid = os.getpid()
         self.address = _C.pool_host_alloc(nbytes, device)
         self.__array_interface__ = dict(shape=(nbytes,), typestr="|u1", version=3,
                                         data=(self.address, False))
 
     def __del__(self):
-        _C.pool_free_host(self.address, self.device)
+        if os.getpid() == self.pid:  # a forked child's copy is the parent's to free
+            _C.pool_free_host(self.address, self.device)
 
 
 def _host_alloc_array(nbytes: int, device: int) -> np.ndarray:

@@ -7,6 +7,16 @@ its lock exclusive on leaving is the last and removes the file. The kernel drops
 locks of a process that dies, so a crash never blocks the others. A file is created
 under a temporary name, sized, locked, and then linked to its name, so no process ever
 attaches to a file not yet sized.
+
+/dev/shm is shared by every user of the machine, so a file found under the name is
+attached only if it is a regular file (not a symbolic link: opened with O_NOFOLLOW), of
+this user, with mode 0600 at most: another user could otherwise plant one beforehand and
+read or write the pool's bytes. New files are made with mode 0600. Where the name comes
+from something others can guess, ``unguessable_name`` adds a secret suffix.
+
+A forked child inherits the open file and with it the lock (flock locks belong to the
+open file, which parent and child share): a SharedFile in a process other than the one
+that attached it only closes its copy of the descriptor, and never unlocks or removes.
 """
 
 from __future__ import annotations
@@ -14,9 +24,61 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import uuid
+import re
+import secrets
+import stat
+from typing import Callable
 
 SHM_DIR = "/dev/shm"
+NAME_MAX = 255  # bytes of one file name (Linux)
+_SECRET_HEX = 32  # 128 bits
+
+
+def check_name(name, field: str = "shm_name") -> str:
+    """``name`` if it is a valid file name for a shared pool, else ValueError naming ``field``."""
+    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+        raise ValueError(f"{field}: expected a file name without '/', got {name!r}")
+    if "\0" in name:
+        raise ValueError(f"{field}: must not contain a NUL byte, got {name!r}")
+    try:
+        size = len(os.fsencode(name))
+    except UnicodeError as e:
+        raise ValueError(f"{field}: {name!r} cannot be a file name ({e})") from None
+    if size > NAME_MAX:
+        raise ValueError(f"{field}: a file name is at most {NAME_MAX} bytes, got {size}")
+    return name
+
+
+def unguessable_name(prefix: str, share: Callable[[str], str] | None = None) -> str:
+    """``prefix`` and a secret random suffix: a name no other user can plant a file under
+    before the pool is made (it can list /dev/shm only once the file exists, mode 0600).
+
+    Processes that must share one pool call this together, each with ``share``: it takes
+    this process's candidate and returns the one of the process that decides (rank 0),
+    e.g. ``lambda name: group.broadcast_object(name, src=0)``. Without ``share`` the name
+    is this process's own.
+    """
+    check_name(prefix, "prefix")
+    if len(os.fsencode(prefix)) > NAME_MAX - 1 - _SECRET_HEX:
+        raise ValueError(f"prefix: at most {NAME_MAX - 1 - _SECRET_HEX} bytes, leaving room for "
+                         f"the secret suffix; got {prefix!r}")
+    name = f"{prefix}-{secrets.token_hex(_SECRET_HEX // 2)}"
+    if share is not None:
+        name = share(name)
+        if not (isinstance(name, str) and name.startswith(prefix + "-")
+                and re.fullmatch(rf"[0-9a-f]{{{_SECRET_HEX}}}", name[len(prefix) + 1:])):
+            raise ValueError(f"share: expected {prefix!r} and a {_SECRET_HEX}-digit secret, as "
+                             f"unguessable_name makes, got {name!r}")
+    return name
+
+
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return what
+    return "not a regular file"
 
 
 class SharedFile:
@@ -27,22 +89,56 @@ class SharedFile:
     """
 
     def __init__(self, name: str, nbytes: int, directory: str = SHM_DIR):
-        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
-            raise ValueError(f"shm_name: expected a file name without '/', got {name!r}")
+        check_name(name)
         self.path = os.path.join(directory, name)
         self.nbytes = nbytes
         self.created = False
         self.fd = -1
+        self.pid = os.getpid()  # the process whose lock this is
         for _ in range(100):
             if self._attach() or self._create():
                 return
         raise RuntimeError(f"shm_name: {self.path} kept being created and removed by other "
                            f"processes; gave up after 100 tries")
 
-    def _attach(self) -> bool:
+    def _refuse(self, why: str) -> PermissionError:
+        return PermissionError(errno.EPERM, f"shm_name: {self.path} {why}; refusing to attach a "
+                                            "pool file that another user could have planted", self.path)
+
+    def _open_existing(self) -> int | None:
+        """The file under our name, opened read-write, if it is one this user may attach
+        to; None if there is none. O_NONBLOCK: opening a planted FIFO must not block."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
+            return None
+        except OSError as e:
+            try:
+                found = os.lstat(self.path)
+            except OSError:
+                raise e from None
+            self._check(found)  # says why, where the file is not one to attach to
+            raise
+        try:
+            self._check(os.fstat(fd))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _check(self, st: os.stat_result) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            raise self._refuse(f"is {_kind(st.st_mode)}, not a regular file")
+        if st.st_uid != os.geteuid():
+            raise self._refuse(f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & ~0o600:
+            raise self._refuse(f"has mode {mode:04o}, wider than 0600 (other users could read "
+                               "or write the pool)")
+
+    def _attach(self) -> bool:
+        fd = self._open_existing()
+        if fd is None:
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
@@ -62,14 +158,16 @@ class SharedFile:
 
     def _create(self) -> bool:
         directory = os.path.dirname(self.path)
-        stat = os.statvfs(directory)
-        free = stat.f_bavail * stat.f_frsize
+        stat_fs = os.statvfs(directory)
+        free = stat_fs.f_bavail * stat_fs.f_frsize
         if free < self.nbytes:
             raise OSError(errno.ENOSPC, f"{directory} has {free} bytes free, the pool needs "
                           f"{self.nbytes}", self.path)
-        temporary = os.path.join(directory, f".{os.path.basename(self.path)}.{uuid.uuid4().hex}")
-        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        # Not derived from the name, which may be as long as a name can be.
+        temporary = os.path.join(directory, f".kvoffload-{secrets.token_hex(16)}.tmp")
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
+            os.fchmod(fd, 0o600)  # whatever the umask
             os.ftruncate(fd, self.nbytes)
             fcntl.flock(fd, fcntl.LOCK_SH)
             os.link(temporary, self.path)
@@ -87,18 +185,21 @@ class SharedFile:
     def _is_linked(self, fd: int) -> bool:
         """Whether the open file is still the one under our name."""
         try:
-            on_disk = os.stat(self.path)
+            on_disk = os.stat(self.path, follow_symlinks=False)
         except FileNotFoundError:
             return False
         mine = os.fstat(fd)
         return (on_disk.st_dev, on_disk.st_ino) == (mine.st_dev, mine.st_ino)
 
     def close(self) -> bool:
-        """Leaves the file, removing it if no other process is attached. Idempotent."""
+        """Leaves the file, removing it if no other process is attached. Idempotent. In a
+        forked child only closes the child's descriptor: the lock is the parent's."""
         if self.fd < 0:
             return False
         removed = False
         try:
+            if os.getpid() != self.pid:
+                return False
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if self._is_linked(self.fd):
                 os.unlink(self.path)
@@ -109,4 +210,3 @@ class SharedFile:
             os.close(self.fd)
             self.fd = -1
         return removed
-
