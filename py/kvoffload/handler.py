@@ -34,6 +34,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import os
 import threading
 import weakref
 from typing import Hashable, Iterable, Sequence
@@ -241,6 +242,7 @@ class OffloadHandler:
         # The ids get_finished() reported last, oldest first (at most COLLECTED_IDS_KEPT), for
         # wait(): with those in flight and those not yet collected, all the ids it knows.
         self._collected: collections.OrderedDict = collections.OrderedDict()
+        self._pid = os.getpid()  # see _check_process
         self._finished: dict[Hashable, TransferResult] = {}  # not yet collected
         self._closing = self._closed = False
 
@@ -251,6 +253,7 @@ class OffloadHandler:
         before submitting anything on a job id in flight or not yet collected, specs
         that do not fit the layout or copies outside the registered memory, or after
         shutdown."""
+        self._check_process()
         if isinstance(src_spec, GPUSpec) and isinstance(dst_spec, CPUSpec):
             direction, gpu, cpu = Direction.STORE, src_spec, dst_spec
         elif isinstance(src_spec, CPUSpec) and isinstance(dst_spec, GPUSpec):
@@ -370,6 +373,7 @@ class OffloadHandler:
 
     def get_finished(self) -> list[TransferResult]:
         """The jobs that completed since the last call, without blocking."""
+        self._check_process()
         with self._lock:
             self._start_unstarted()
             self._collect()
@@ -389,6 +393,7 @@ class OffloadHandler:
         handler keeps no more, so that its memory does not grow with the jobs run). Any
         other id (never submitted, or reported long before) raises ValueError, or with
         ``ignore_unknown`` returns at once, as vLLM's offloading workers do."""
+        self._check_process()
         ids = [job_ids] if _one_id(job_ids) else list(job_ids)
         with self._lock:
             self._start_unstarted()
@@ -417,6 +422,7 @@ class OffloadHandler:
 
     def shutdown(self) -> None:
         """Waits for every job, then releases the lanes and the pool."""
+        self._check_process()
         with self._lock:
             self._start_unstarted()
             if self._closed:
@@ -460,6 +466,15 @@ class OffloadHandler:
     def _note_failure(self, job: _Job) -> None:
         if job.writes_cpu:
             self._accesses.fail(job.lane, job.seq, job.job_id, "cpu")
+
+    def _check_process(self) -> None:
+        """Refuses a forked child: the handler's threads (and a GPU's context) stay in the
+        parent, so there its jobs would never run and wait() would never return. Checked
+        before the lock, which a parent's thread may have held at the fork."""
+        if os.getpid() != self._pid:
+            raise RuntimeError(f"this handler was made in process {self._pid} and cannot be used in "
+                               f"process {os.getpid()}, a child forked from it: its copy threads did not "
+                               "survive the fork; make a handler in the child")
 
     def _check_open(self) -> None:
         if self._closed or self._closing:
