@@ -7,7 +7,32 @@ is imported on first use. Select it with
 "cpu_bytes_to_use": N}``.
 """
 
-from kvoffload.vllm.worker import KVOffloadWorker
+import os as _os
+import re as _re
+
+import vllm as _vllm
+
+# The vLLM minor versions kvoffload.vllm is tested with: 0.32 end to end (vLLM's CPU build,
+# tests/vllm_engine_test.py), 0.33 through its classes (tests/vllm_*_test.py).
+SUPPORTED_VLLM = ("0.32", "0.33")
+
+
+def _check_vllm_version(version) -> None:
+    """ImportError unless vLLM is a release (pre-, post- or dev release included) of a
+    minor version in SUPPORTED_VLLM; KVOFFLOAD_VLLM_UNCHECKED=1 skips the check."""
+    if _os.environ.get("KVOFFLOAD_VLLM_UNCHECKED") == "1":
+        return
+    found = _re.match(r"(\d+)\.(\d+)(?:[.+a-z]|$)", str(version))
+    if found is None or f"{found[1]}.{found[2]}" not in SUPPORTED_VLLM:
+        raise ImportError(
+            f"kvoffload.vllm: found vLLM {version}, which it does not support; it supports vLLM "
+            f"{' and '.join(v + '.x' for v in SUPPORTED_VLLM)}. Install one of those, or set "
+            "KVOFFLOAD_VLLM_UNCHECKED=1 to try this one anyway.")
+
+
+_check_vllm_version(getattr(_vllm, "__version__", "unknown"))
+
+from kvoffload.vllm.worker import KVOffloadWorker  # noqa: E402 - after the version check
 
 __all__ = ["KVOffloadSpec", "KVOffloadWorker"]
 
