@@ -26,7 +26,7 @@ from absl import app, flags
 
 from kvoffload import compute_loop
 import kvoffload as kv
-from kvoffload import auto, copy_methods
+from kvoffload import _C, auto, copy_methods
 from kvoffload.page_table import PageTable
 
 FLAGS = flags.FLAGS
@@ -141,7 +141,8 @@ class PageJobs:
         return blocks, chunks // (self.bpc * self.block), [count], [0]
 
     def copy(self, job, load, stream, staged):
-        return self.table.copy(*job, load=load, stream=stream, staged=staged,
+        path = _C.PagePath.STAGED if staged else _C.PagePath.KERNEL
+        return self.table.copy(*job, load=load, stream=stream, path=path,
                                max_ctas=FLAGS.page_ctas, slot_bytes=FLAGS.page_slot_mib << 20,
                                slots=FLAGS.page_slots)
 

@@ -1,115 +1,74 @@
-"""kvoffload.vllm's worker driven through vLLM's classes (GPULoadStoreSpec,
-CPULoadStoreSpec, CanonicalKVCaches), as vLLM's connector drives it.
+"""kvoffload's vLLM worker against vLLM 0.33's own CPUOffloadingWorker, on the same
+caches, alone and beside a model (kvoffload.meter), with bulk copies as the reference.
 
   bazel run //bench:vllm_worker -- --out=bench/results/vllm_worker_<gpu>.json
 
-Caches as vLLM hands them over: Llama-3.1-8B (64 tensors of 32 KiB pages, one group) and
-a hybrid of two groups sharing 32 tensors of 32 KiB rows (full attention moving 32 KiB,
-sliding window 16 KiB per block). Jobs move random blocks to random chunks: stores, loads,
-and both at once (disjoint halves), with the worker's default method (pages) and with
-kvoffload's batch path (cuMemcpyBatchAsync, what vLLM's own worker does); --interference
-repeats them beside the compute loops of kvoffload.compute_loop. Without a GPU it
-runs the host path on a small cache and says so. Rows go under "rows" in the JSON.
+Per layout (vLLM's CanonicalKVCaches, blocks_per_chunk 1), every source is kept in
+flight, two jobs per direction: bulk copies, vLLM's worker (bench/vllm_peer.py), and
+kvoffload's worker with each page path forced (pages_staged, pages_dma). ``chosen`` is the
+path kvoffload's default ("pages") takes for that layout and direction. Without a GPU it
+runs kvoffload's host path on a small cache and says so.
 """
 
 import datetime
 import json
 import os
-import time
 
-from kvoffload import compute_loop
 import numpy as np
-import vllm_env  # noqa: F401  (puts vLLM on sys.path)
 from absl import app, flags
 
+import vllm_peer
+from kvoffload import meter, page_methods
+from kvoffload.steady_copies import DIRECTIONS, BulkCopies, WorkerCopies
+
 FLAGS = flags.FLAGS
-flags.DEFINE_list("job_blocks", ["32", "512"], "Blocks per job and group.")
-flags.DEFINE_integer("gpu_blocks", 2048, "GPU blocks per tensor.")
-flags.DEFINE_integer("blocks_per_chunk", 16, "Blocks per CPU chunk.")
-flags.DEFINE_integer("moved_mib", 4096, "Bytes moved per measurement, MiB.")
-flags.DEFINE_list("methods", ["pages", "batch"], "Worker copy methods (the handler's).")
-flags.DEFINE_list("interference", ["model"], "Compute loops (model, gemm; kvoffload.compute_loop) "
-                  "beside which to also run the jobs, reporting the step slowdown.")
+flags.DEFINE_list("layouts", ["llama8b-64k", "tp8-8k", "4k", "16k", "hybrid"], "Layouts to measure.")
+flags.DEFINE_list("methods", ["vllm_worker", "pages_staged", "pages_dma"], "Sources beside bulk.")
+flags.DEFINE_list("directions", list(DIRECTIONS), "store, load, both.")
+flags.DEFINE_integer("steps", None, "Counted steps a window (default: kvoffload.meter's).")
+flags.DEFINE_integer("rounds", meter.ROUNDS, "Busy windows per source.")
+flags.DEFINE_float("alone_seconds", 1.0, "Seconds each source runs alone.")
 flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the workspace).")
 
 KIB = 1024
-# name -> (row bytes per tensor, [[(tensor index, unpadded page)] per group])
-CACHES = {
-    "llama3.1-8b": ([32 * KIB] * 64, [[(t, 32 * KIB) for t in range(64)]]),
-    "hybrid-2-groups": ([32 * KIB] * 32, [[(t, 32 * KIB) for t in range(32)],
-                                          [(t, 16 * KIB) for t in range(32)]]),
+# name -> (rows per tensor, [[(tensor, page moved)] per group], blocks a job, GPU blocks)
+LAYOUTS = {
+    "llama8b-64k": ([64 * KIB] * 32, [[(t, 64 * KIB) for t in range(32)]], 256, 2048),
+    "tp8-8k": ([8 * KIB] * 80, [[(t, 8 * KIB) for t in range(80)]], 1024, 8192),
+    "4k": ([4 * KIB] * 64, [[(t, 4 * KIB) for t in range(64)]], 1024, 8192),
+    "16k": ([16 * KIB] * 64, [[(t, 16 * KIB) for t in range(64)]], 1024, 4096),
+    "hybrid": ([32 * KIB] * 32, [[(t, 32 * KIB) for t in range(32)], [(t, 16 * KIB) for t in range(32)]],
+               512, 4096),
 }
 
 
 def vllm_cache(torch, rows, refs, blocks, device):
     from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
     return CanonicalKVCaches(
-        [CanonicalKVCacheTensor(torch.zeros((blocks, row), dtype=torch.int8, device=device), row)
+        [CanonicalKVCacheTensor(torch.randint(-128, 127, (blocks, row), dtype=torch.int8, device=device), row)
          for row in rows], [[CanonicalKVCacheRef(t, page) for t, page in group] for group in refs])
 
 
-def jobs(rng, groups, n, blocks, chunks, bpc, count, half=None):
-    """count jobs of n random blocks per group (ids unique across groups, as vLLM's block
-    pool gives them); half 0 or 1 keeps to that half of the blocks and chunks."""
+def jobs(rng, groups, n, blocks, half=None, count=8):
+    """count jobs of n random blocks per group to random chunks (as many chunks as GPU
+    blocks; ids unique across groups, as vLLM's block pool gives them); half 0 or 1 keeps
+    to that half of both."""
     from vllm.v1.kv_offload.base import GPULoadStoreSpec
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
-    lo_b, lo_c = (0, 0) if half is None else (half * blocks // 2, half * chunks // 2)
-    span_b, span_c = (blocks, chunks) if half is None else (blocks // 2, chunks // 2)
-    used = -(-n // bpc)
+    lo, span = (0, blocks) if half is None else (half * blocks // 2, blocks // 2)
     out = []
     for _ in range(count):
-        ids = lo_b + rng.permutation(span_b)[:groups * n]
-        cids = lo_c + rng.permutation(span_c)[:groups * used]
-        out.append((GPULoadStoreSpec(ids.tolist(), [n] * groups, [0] * groups),
-                    CPULoadStoreSpec(cids.tolist())))
+        ids = lo + rng.permutation(span)[:groups * n]
+        chunks = lo + rng.permutation(span)[:groups * n]
+        out.append((GPULoadStoreSpec(ids.tolist(), [n] * groups, [0] * groups), CPULoadStoreSpec(chunks.tolist())))
     return out
 
 
-def submit(worker, batches, first_id):
-    """Submits [(direction, specs)] interleaved, back to back; returns the job ids."""
-    job_id, ids = first_id, set()
-    for i in range(max(len(specs) for _, specs in batches)):
-        for direction, specs in batches:
-            if i < len(specs):
-                gpu, cpu = specs[i]
-                ok = (worker.submit_store(job_id, gpu, cpu) if direction == "store"
-                      else worker.submit_load(job_id, cpu, gpu))
-                assert ok
-                ids.add(job_id)
-                job_id += 1
-    return ids
-
-
-def collect(worker, ids):
-    """Waits for the jobs; the bytes they moved."""
-    worker.wait(ids)
-    results = worker.get_finished()
-    assert {r.job_id for r in results} == ids and all(r.success for r in results)
-    return sum(r.transfer_size for r in results)
-
-
-def run(torch, worker, batches, first_id):
-    """The jobs back to back, alone: (wall seconds, bytes)."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    ids = submit(worker, batches, first_id)
-    nbytes = collect(worker, ids)
-    return time.perf_counter() - start, nbytes
-
-
-def beside(torch, loop, worker, batches, first_id, nbytes, alone_seconds):
-    """The jobs while ``loop`` (kvoffload.compute_loop) runs; the current stream marks
-    their window, waiting for them through the handler's fence."""
-    ids = set()
-
-    def enqueue():
-        ids.update(submit(worker, batches, first_id))
-        worker.handler.fence()
-
-    got = loop.beside(torch.cuda.current_stream(), enqueue, nbytes, alone_seconds)
-    collect(worker, ids)
-    return got
+def layout_jobs(rng, groups, n, blocks):
+    """Per measured direction, its jobs by direction: disjoint halves for both at once."""
+    both = {"store": jobs(rng, groups, n, blocks, half=0), "load": jobs(rng, groups, n, blocks, half=1)}
+    return {"store": {"store": jobs(rng, groups, n, blocks)}, "load": {"load": jobs(rng, groups, n, blocks)},
+            "both": both}
 
 
 def main(argv):
@@ -119,61 +78,78 @@ def main(argv):
     from kvoffload.vllm import KVOffloadWorker
 
     gpu = torch.cuda.is_available()
-    device = "cuda" if gpu else "cpu"
-    blocks = FLAGS.gpu_blocks if gpu else 128
-    moved = (FLAGS.moved_mib if gpu else 64) << 20
-    bpc = FLAGS.blocks_per_chunk
-    if not gpu:
-        print("no GPU: running the host path on a small cache, not the PCIe link")
+    process = f"{os.uname().nodename}:{os.getpid()}"
+    connections = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "8")
     rng = np.random.default_rng(0)
-    loops = {w: compute_loop.ComputeLoop(torch, w) for w in FLAGS.interference} if gpu else {}
-    rows, next_id = [], 0
-    for name, (row_bytes, refs) in CACHES.items():
-        kv_caches = vllm_cache(torch, row_bytes, refs, blocks, device)
+    rows = []
+    if not gpu:
+        print("no GPU: running kvoffload's host path on a small cache, not the PCIe link")
+        loop = None
+    else:
+        from kvoffload import compute_loop
+        loop = compute_loop.ComputeLoop(torch, "model")
+        peer = vllm_peer.install(torch)
+    for layout in FLAGS.layouts:
+        row_bytes, refs, n, blocks = LAYOUTS[layout]
+        if not gpu:
+            n, blocks = 8, 64
+        cache = vllm_cache(torch, row_bytes, refs, blocks, "cuda" if gpu else "cpu")
         groups = len(refs)
+        workers = {}
         for method in FLAGS.methods if gpu else ["host"]:
-            worker = KVOffloadWorker(kv_caches, bpc, blocks // bpc,
-                                     **({"method": method} if gpu else {}))
-            for n in sorted({min(int(b), blocks // (2 * groups)) for b in FLAGS.job_blocks}):
-                job_bytes = n * sum(page for group in refs for _, page in group)
-                count = max(2, moved // job_bytes)
-                run(torch, worker, [("store", jobs(rng, groups, n, blocks, blocks // bpc, bpc, 1))],
-                    next_id)  # warm up
-                next_id += 1
-                for direction in ("store", "load", "both"):
-                    if direction == "both":
-                        batches = [(d, jobs(rng, groups, n, blocks, blocks // bpc, bpc, count // 2, half=h))
-                                   for h, d in enumerate(("store", "load"))]
-                    else:
-                        batches = [(direction, jobs(rng, groups, n, blocks, blocks // bpc, bpc, count))]
-                    wall, nbytes = run(torch, worker, batches, next_id)
-                    next_id += sum(len(s) for _, s in batches)
-                    row = dict(cache=name, method=method, direction=direction,
-                               block_bytes=max(page for group in refs for _, page in group),
-                               blocks_per_job=n, job_mib=job_bytes / 2**20, jobs=sum(len(s) for _, s in batches),
-                               gb_per_s=nbytes / wall / 1e9)
-                    rows.append(row)
-                    print(f"{name:<16} {method:<6} {direction:<6} {n:>4} blocks/job "
-                          f"({job_bytes / 2**20:.0f} MiB) {row['gb_per_s']:6.1f} GB/s")
-                    for workload, loop in loops.items():
-                        got = beside(torch, loop, worker, batches, next_id, nbytes, wall)
-                        next_id += sum(len(s) for _, s in batches)
-                        if got is None:
-                            continue
-                        rows.append(dict(row, workload=workload, gb_per_s_beside=got.gb_per_s,
-                                         step_slowdown=got.step_slowdown, idle_drift=got.idle_drift,
-                                         steps_in_window=got.steps_in_window, dry_steps=got.dry_steps))
-                        print(f"  beside {workload}: {got.summary()}")
+            if method == "vllm_worker":
+                workers[method] = peer(cache, 1, blocks)
+            else:
+                workers[method] = KVOffloadWorker(cache, 1, blocks, **({"method": method} if gpu else {}))
+        default = KVOffloadWorker(cache, 1, blocks) if gpu else None
+        chosen = default.handler.methods if gpu else {"store": "host", "load": "host"}
+        if default is not None:
+            default.shutdown()
+        specs = layout_jobs(rng, groups, n, blocks)
+        page_bytes = [page for group in refs for _, page in group]
+        job_bytes = n * sum(page_bytes)
+        sources = {}
+        for direction in FLAGS.directions:
+            if gpu:  # made once: its pinned buffers are not allocated inside a window
+                bulk = BulkCopies(torch, direction, job_bytes)
+                sources[("bulk", direction)] = lambda b=bulk: b
+            for method, worker in workers.items():
+                sources[(method, direction)] = lambda w=worker, d=direction: WorkerCopies(w, specs[d], d)
+        base = dict(layout=layout, tensors=len(row_bytes), page_bytes=max(page_bytes), groups=groups,
+                    blocks_per_job=n, job_mib=job_bytes / 2**20, connections=connections, process=process)
+        alone = {key: meter.alone(make(), FLAGS.alone_seconds) for key, make in sources.items()}
+        for (method, direction), rate in alone.items():
+            print(f"{layout:<12} {method:<13} {direction:<6} alone {rate:6.1f} GB/s")
+        beside = meter.measure(loop, {f"{m} {d}": make for (m, d), make in sources.items()},
+                               FLAGS.steps, FLAGS.rounds) if gpu else {}
+        for (method, direction), rate in alone.items():
+            row = dict(base, method=method, direction=direction, gb_per_s=rate,
+                       chosen=chosen["store" if direction == "store" else "load"] if direction != "both"
+                       else f"{chosen['store']}/{chosen['load']}")
+            got = beside.get(f"{method} {direction}")
+            if got is not None:
+                bulk = beside[f"bulk {direction}"]
+                row.update(gb_per_s_beside=got.gb_per_s, step_slowdown=got.step_slowdown,
+                           bulk_step_slowdown=bulk.step_slowdown, idle_drift=got.idle_drift,
+                           noisy=got.noisy, windows=got.windows, dry_steps=got.dry_steps)
+                print(f"{layout:<12} {method:<13} {direction:<6} {got.summary()}; bulk {bulk.step_slowdown:+.2%}")
+            rows.append(row)
+        for worker in workers.values():
             worker.shutdown()
-        del kv_caches
+        del cache, workers, sources
+        if gpu:
+            torch.cuda.empty_cache()
     if FLAGS.out:
         path = os.path.join(os.environ.get("BUILD_WORKSPACE_DIRECTORY", "."), FLAGS.out)
         meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
-                    device=torch.cuda.get_device_name() if gpu else "cpu", blocks_per_chunk=bpc,
-                    gpu_blocks=blocks, moved_mib=moved >> 20,
-                    note="workload: the jobs beside a compute loop (kvoffload.compute_loop), step "
-                         "slowdown against the same sustained loop beside an idle stream. batch = "
-                         "cuMemcpyBatchAsync, vLLM's own worker's path.")
+                    device=torch.cuda.get_device_name() if gpu else "cpu",
+                    step_seconds=loop.step_seconds if loop else None, steps=FLAGS.steps,
+                    rounds=FLAGS.rounds, noise=meter.NOISE,
+                    dma_from_page_bytes={d.value: b for d, b in page_methods.DMA_FROM_PAGE_BYTES.items()},
+                    note="kvoffload.meter: each source kept in flight (two jobs per direction) through "
+                         "100-step windows of the Llama-shaped layer loop, each between idle windows; "
+                         "step_slowdown against them, idle_drift their difference. vllm_worker is vLLM "
+                         "0.33's CPUOffloadingWorker with bench/vllm_peer.py's stand-in op.")
         with open(path, "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
         print(f"wrote {path}")

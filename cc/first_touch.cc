@@ -9,12 +9,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <system_error>
 #include <thread>
+#include <vector>
+
+#include "cc/start_gate.h"
 
 namespace kvoffload {
 namespace {
@@ -104,42 +105,30 @@ void TouchPages(int64_t address, int64_t bytes, const std::vector<int>& cpus, in
   std::vector<int> errors(count, 0);
   // The threads start touching only once all have started: one that cannot start
   // leaves the pool untouched.
-  std::mutex mutex;
-  std::condition_variable started;
-  bool go = false;
-  std::atomic<bool> stop{false};
+  StartGate gate;
   std::vector<std::thread> workers;
   workers.reserve(count);
-  auto join = [&](bool abandon) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      go = true;
-      if (abandon) stop = true;
-    }
-    started.notify_all();
+  auto join = [&](bool go) {
+    gate.Open(go);
     for (std::thread& worker : workers) worker.join();
   };
   for (int i = 0; i < count; ++i) {
     try {
       workers.emplace_back([&, i] {
-        {
-          std::unique_lock<std::mutex> lock(mutex);
-          started.wait(lock, [&] { return go; });
-        }
-        if (stop.load()) return;
+        if (!gate.Wait()) return;
         if (!cpus.empty()) PinThisThread(cpus[i % cpus.size()]);
         if (edges[i + 1] > edges[i]) {
           errors[i] = Populate(reinterpret_cast<char*>(edges[i]), edges[i + 1] - edges[i]);
         }
       });
     } catch (const std::system_error& e) {
-      join(/*abandon=*/true);
+      join(/*go=*/false);
       throw std::system_error(e.code(), "first touch: could not start thread " + std::to_string(i + 1) +
                                             " of " + std::to_string(count) +
                                             " (RLIMIT_AS or RLIMIT_NPROC?); nothing was touched");
     }
   }
-  join(/*abandon=*/false);
+  join(/*go=*/true);
   for (int i = 0; i < count; ++i) {
     if (errors[i] != 0) {
       throw std::system_error(errors[i], std::generic_category(),

@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
-#include <future>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "cc/start_gate.h"
 
 namespace kvoffload {
 namespace {
@@ -36,21 +37,6 @@ int ThreadCount(int64_t total_bytes, int max_threads) {
   if (total_bytes < kHostThreadingBytes) return 1;
   return std::min(max_threads, kMaxHostThreads);
 }
-
-// Lets workers copy only once every one of them has started: a thread that fails to
-// start then leaves nothing half-copied. A future rather than a condition variable:
-// std::condition_variable::wait is a GCC 12 libstdc++ symbol (GLIBCXX_3.4.30), which
-// would lift the extension's manylinux tag to 2_35.
-class StartGate {
- public:
-  // Blocks until Open(go); returns go.
-  bool Wait() { return opened_.get(); }
-  void Open(bool go) { decision_.set_value(go); }
-
- private:
-  std::promise<bool> decision_;
-  std::shared_future<bool> opened_ = decision_.get_future().share();
-};
 
 }  // namespace
 

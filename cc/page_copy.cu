@@ -126,6 +126,20 @@ void StagedPageCopy(const DevicePageTable& table, const PageJob& job, bool load,
   });
 }
 
+// Stores read the GPU in stream order (after the model's writes); loads read the pool,
+// which the handler orders against stores before the job starts, but still in stream
+// order: the job's waits are on this stream.
+CopyResult DmaPageCopy(const PageLayout& layout, const PageJob& job, bool load,
+                       const std::vector<Segment>& segments, cudaStream_t stream, int64_t bytes) {
+  thread_local PageDma dma;
+  BuildPageDma(layout, job.block_ids, segments, dma);
+  const CopyBatch batch{load ? dma.host.data() : dma.gpu.data(), load ? dma.gpu.data() : dma.host.data(),
+                        dma.size.data(), static_cast<int64_t>(dma.size.size())};
+  CopyResult result = BatchCopy(batch, stream);
+  result.bytes = bytes;
+  return result;
+}
+
 }  // namespace
 
 DevicePageTable::DevicePageTable(PageLayout layout, int device)
@@ -196,7 +210,8 @@ CopyResult PageCopy(const DevicePageTable& table, const PageJob& job, bool load,
   thread_local std::vector<Segment> segments;
   const int64_t units = BuildSegments(table.layout(), job, segments);
   CopyResult result;
-  result.reason = options.staged ? PathReason::kStagedRequested : PathReason::kKernelRequested;
+  result.reason = options.path == PagePath::kStaged ? PathReason::kStagedRequested
+                                                   : PathReason::kKernelRequested;
   result.copies = units;
   result.bytes = SegmentBytes(table.layout(), segments);
   if (units == 0) {
@@ -210,7 +225,10 @@ CopyResult PageCopy(const DevicePageTable& table, const PageJob& job, bool load,
                                 " but the page table is on device " +
                                 std::to_string(table.device()));
   }
-  if (options.staged) {
+  if (options.path == PagePath::kDma) {
+    return DmaPageCopy(table.layout(), job, load, segments, stream, result.bytes);
+  }
+  if (options.path == PagePath::kStaged) {
     StagedPageCopy(table, job, load, segments, units, guard.device(), stream, options, result);
     return result;
   }

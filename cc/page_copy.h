@@ -29,11 +29,20 @@ class DevicePageTable {
   TensorRef* refs_ = nullptr;
 };
 
+// How a page job crosses the link.
+enum class PagePath : uint8_t {
+  // Host runs by DMA through a device staging ring; a kernel scatters (loads) or
+  // gathers (stores) the HBM side.
+  kStaged,
+  // A kernel reads or writes the page-locked host memory itself.
+  kKernel,
+  // Every page (pages that follow each other merged) by cuMemcpyBatchAsync: no SM work,
+  // host work per page (BuildPageDma).
+  kDma,
+};
+
 struct PageCopyOptions {
-  // true: host runs cross by DMA through a device staging ring and a kernel scatters
-  // (loads) or gathers (stores) the HBM side. false: the kernel reads or writes the
-  // page-locked host memory itself.
-  bool staged = true;
+  PagePath path = PagePath::kStaged;
   int max_ctas = 32;                       // CTAs of 1024 threads for the kernel
   int64_t slot_bytes = int64_t{64} << 20;  // one DMA slice
   int slots = 2;

@@ -409,4 +409,26 @@ void UnitCopies(const PageLayout& layout, const int64_t* block_ids,
   }
 }
 
+void BuildPageDma(const PageLayout& layout, const int64_t* block_ids,
+                  const std::vector<Segment>& segments, PageDma& out) {
+  out.gpu.clear();
+  out.host.clear();
+  out.size.clear();
+  for (const Segment& s : segments) {
+    const TensorRef& ref = layout.refs()[s.ref];
+    for (int32_t k = 0; k < s.pages; ++k) {
+      const int64_t gpu = ref.gpu_base + block_ids[s.first_block + k] * ref.gpu_stride;
+      const int64_t host = s.host + k * ref.page_bytes;
+      if (!out.size.empty() && out.gpu.back() + out.size.back() == gpu &&
+          out.host.back() + out.size.back() == host && !layout.host_break(host)) {
+        out.size.back() += ref.page_bytes;
+      } else {
+        out.gpu.push_back(gpu);
+        out.host.push_back(host);
+        out.size.push_back(ref.page_bytes);
+      }
+    }
+  }
+}
+
 }  // namespace kvoffload

@@ -110,6 +110,14 @@ void UnitCopies(const PageLayout& layout, const int64_t* block_ids,
                 const std::vector<Segment>& segments, int64_t total_units,
                 std::vector<int64_t>& gpu, std::vector<int64_t>& host, std::vector<int64_t>& size);
 
+// The job as plain DMA: copy i moves size[i] bytes between gpu[i] and host[i]; one copy
+// per page, pages that follow each other on both sides merged, never across a host break.
+struct PageDma {
+  std::vector<int64_t> gpu, host, size;
+};
+void BuildPageDma(const PageLayout& layout, const int64_t* block_ids,
+                  const std::vector<Segment>& segments, PageDma& out);
+
 }  // namespace kvoffload
 
 #endif  // KVOFFLOAD_CC_PAGE_TABLE_H_

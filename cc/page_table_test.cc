@@ -387,6 +387,58 @@ void TestBadJobs() {
   EXPECT(ChunksUsed(2, kHuge - 5, kHuge - 4) == 2 && ChunksUsed(kHuge, kHuge - 1, kHuge) == 2);
 }
 
+// Walks each DMA copy as a run of reference pages, each page used once, none across a
+// host break.
+void TestDmaIsThePagesMerged(std::mt19937_64& rng) {
+  int64_t merged = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    RandomCase c = MakeCase(rng);
+    if (trial % 2 == 0) {  // ascending ids: neighbours that may merge
+      std::sort(c.block_ids.begin(), c.block_ids.end());
+      std::sort(c.chunk_ids.begin(), c.chunk_ids.end());
+    }
+    PageLayout layout(c.refs, c.group_refs, c.gpu_blocks, c.cpu_chunks, c.bpc);
+    const PageJob job = JobOf(c);
+    if (trial % 2 == 0) {
+      try {
+        ValidateJob(layout, job);
+      } catch (const std::invalid_argument&) {
+        continue;  // sorting across groups broke the job
+      }
+    } else {
+      ValidateJob(layout, job);
+    }
+    std::vector<Segment> segments;
+    BuildSegments(layout, job, segments);
+    std::vector<int64_t> breaks;
+    for (size_t k = 1; k < segments.size(); k += 3) {
+      breaks.push_back(segments[k].host + (segments[k].pages > 1 ? layout.refs()[segments[k].ref].page_bytes : 0));
+    }
+    layout.set_host_breaks(breaks);
+    PageDma dma;
+    BuildPageDma(layout, c.block_ids.data(), segments, dma);
+    std::map<std::pair<int64_t, int64_t>, int64_t> pages = ReferencePages(c);
+    EXPECT(dma.gpu.size() == dma.host.size() && dma.gpu.size() == dma.size.size());
+    for (size_t i = 0; i < dma.size.size(); ++i) {
+      int64_t offset = 0;
+      while (offset < dma.size[i]) {
+        if (offset > 0) EXPECT(!std::binary_search(breaks.begin(), breaks.end(), dma.host[i] + offset));
+        auto page = pages.find({dma.gpu[i] + offset, dma.host[i] + offset});
+        if (page == pages.end()) {
+          EXPECT(page != pages.end());
+          break;
+        }
+        offset += page->second;
+        pages.erase(page);
+      }
+      EXPECT(offset == dma.size[i]);
+    }
+    EXPECT(pages.empty());
+    merged += static_cast<int64_t>(ReferencePages(c).size()) - static_cast<int64_t>(dma.size.size());
+  }
+  EXPECT(merged > 0);  // some pages did merge
+}
+
 }  // namespace
 }  // namespace kvoffload
 
@@ -396,5 +448,6 @@ int main() {
   kvoffload::TestLargeJobsAsOneThreadWould(rng);
   kvoffload::TestFewIdsOverAWideRange(rng);
   kvoffload::TestBadJobs();
+  kvoffload::TestDmaIsThePagesMerged(rng);
   return kvoffload::TestResult("page_table_test");
 }

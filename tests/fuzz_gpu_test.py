@@ -101,7 +101,7 @@ def test_copy_blocks_on_the_gpu_with_hostile_mappings(buffers, pairs, src_side, 
 
 
 @settings(max_examples=max(EXAMPLES // 3, 10), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(jobs, st.sampled_from(["pages", "pages_kernel", "batch", "kernel", "staged"]))
+@given(jobs, st.sampled_from(["pages", "pages_dma", "pages_kernel", "batch", "kernel", "staged"]))
 def test_the_handler_on_the_gpu_with_hostile_jobs_keeps_working(hostile_jobs, method):
     guard = TorchGuardedBuffer(torch, 2 * 6 * 4096, "device")
     gpu = [[guard.tensor[t * 6 * 4096 : (t + 1) * 6 * 4096].view(6, 4096) for t in range(2)]]

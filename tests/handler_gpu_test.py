@@ -29,7 +29,8 @@ def require_gpu():
 @pytest.mark.parametrize("cpu_layout", ["chunk_major", "per_tensor"])
 @pytest.mark.parametrize("page", [512, 1024])
 @pytest.mark.parametrize("bpc", [1, 3])
-@pytest.mark.parametrize("method", ["pages", "pages_kernel", "auto", "batch", "per_copy", "kernel",
+@pytest.mark.parametrize("method", ["pages", "pages_staged", "pages_dma", "pages_kernel", "auto", "batch",
+                                    "per_copy", "kernel",
                                     "staged", copy_methods.Kernel(max_ctas=2),
                                     copy_methods.Staged(slot_bytes=1 << 20, slots=3, max_ctas=2)], ids=str)
 def test_store_and_load_skipping_the_first_blocks_of_a_chunk(cpu_layout, page, bpc, method):
@@ -86,7 +87,7 @@ def test_a_load_right_after_a_store_of_the_same_chunks_reads_the_stored_bytes():
     handler.shutdown()
 
 
-@pytest.mark.parametrize("method", ["pages", "pages_kernel", "auto", "kernel", "staged"])
+@pytest.mark.parametrize("method", ["pages", "pages_dma", "pages_kernel", "auto", "kernel", "staged"])
 def test_a_soak_of_mixed_jobs_loses_nothing(method):
     rng = np.random.default_rng(5)
     handler, model = make_handler(rng, [2048, 1024], [4, 2], num_blocks=96, num_chunks=80, bpc=2,
@@ -135,7 +136,7 @@ class HalfThenFail:
         raise kv.CudaError("page copy kernel launch: cudaErrorLaunchFailure: injected")
 
 
-@pytest.mark.parametrize("method", ["pages", "pages_kernel"])
+@pytest.mark.parametrize("method", ["pages_staged", "pages_dma", "pages_kernel"])
 def test_a_cuda_failure_mid_page_job_fails_that_job_only(method):
     handler, model = make_handler(np.random.default_rng(6), [1024], [2], num_blocks=16, num_chunks=8,
                                   bpc=2, cpu_layout="chunk_major", device="cuda", method=method)

@@ -11,9 +11,12 @@ import kvoffload as kv
 from canary import TorchGuardedBuffer
 from kv_model import POISON, KVModel
 from kvoffload.host_pool import kv_layout, pool_bytes
+from kvoffload import _C
 from kvoffload.page_table import UNIT_BYTES, page_table
 from kvoffload.planner import chunks_used
 from scale import scaled
+
+PATHS = (_C.PagePath.STAGED, _C.PagePath.KERNEL, _C.PagePath.DMA)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
@@ -79,10 +82,10 @@ def random_job(rng, cache, chunks):
        pages=st.lists(st.sampled_from([16, 40, 4096, 4096 + 48, UNIT_BYTES + 16, 2 * UNIT_BYTES]),
                       min_size=1, max_size=3),
        bpc=st.integers(1, 4), cpu_layout=st.sampled_from(["chunk_major", "per_tensor"]),
-       padding=st.sampled_from([0, 16, 24]), staged=st.booleans(),
+       padding=st.sampled_from([0, 16, 24]), path=st.sampled_from(list(PATHS)),
        slot_bytes=st.sampled_from([UNIT_BYTES, 3 * UNIT_BYTES + 256, 64 << 20]),
        slots=st.integers(2, 3), ctas=st.sampled_from([1, 4, 32]))
-def test_random_jobs_match_the_model(seed, pages, bpc, cpu_layout, padding, staged, slot_bytes,
+def test_random_jobs_match_the_model(seed, pages, bpc, cpu_layout, padding, path, slot_bytes,
                                      slots, ctas):
     rng = np.random.default_rng(seed)
     tensors = [int(rng.integers(0, 4)) for _ in pages]
@@ -93,27 +96,27 @@ def test_random_jobs_match_the_model(seed, pages, bpc, cpu_layout, padding, stag
         ids, chunk_ids, sizes, firsts = random_job(rng, cache, chunks)
         load = step % 2 == 1
         result = cache.table.copy(ids, chunk_ids, sizes, firsts, load=load, stream=stream,
-                                  staged=staged, max_ctas=ctas, slot_bytes=slot_bytes, slots=slots)
+                                  path=path, max_ctas=ctas, slot_bytes=slot_bytes, slots=slots)
         getattr(cache.model, "load" if load else "store")(ids, sizes, firsts, chunk_ids)
         expected = sum(p * n * k for p, n, k in zip(pages, sizes, tensors))
         assert result.bytes == expected
         cache.check()
 
 
-@pytest.mark.parametrize("staged", [True, False])
-def test_loads_and_stores_in_flight_at_once_on_disjoint_blocks(staged):
+@pytest.mark.parametrize("path", PATHS)
+def test_loads_and_stores_in_flight_at_once_on_disjoint_blocks(path):
     rng = np.random.default_rng(3)
     cache = Cache(rng, [4096], [4], 256, 64, 4, "chunk_major", 0)
     store_stream, load_stream = torch.cuda.Stream(), torch.cuda.Stream()
     cache.table.copy(np.arange(0, 128), np.arange(0, 32), [128], [0], load=False,
-                     stream=store_stream, staged=staged, slot_bytes=UNIT_BYTES * 4)
+                     stream=store_stream, path=path, slot_bytes=UNIT_BYTES * 4)
     torch.cuda.synchronize()
     cache.model.store(np.arange(0, 128), [128], [0], np.arange(0, 32))
     for _ in range(scaled(5)):
         cache.table.copy(np.arange(128, 256), np.arange(32, 64), [128], [0], load=False,
-                         stream=store_stream, staged=staged, slot_bytes=UNIT_BYTES * 4)
+                         stream=store_stream, path=path, slot_bytes=UNIT_BYTES * 4)
         cache.table.copy(np.arange(128)[::-1].copy(), np.arange(0, 32), [128], [0], load=True,
-                         stream=load_stream, staged=staged, slot_bytes=UNIT_BYTES * 4)
+                         stream=load_stream, path=path, slot_bytes=UNIT_BYTES * 4)
     cache.model.store(np.arange(128, 256), [128], [0], np.arange(32, 64))
     cache.model.load(np.arange(128)[::-1].copy(), [128], [0], np.arange(0, 32))
     cache.check()

@@ -19,7 +19,7 @@ from kvoffload.vllm import KVOffloadWorker
 SLEEP_CYCLES = 2_000_000  # about 1 ms of GPU time queued before each write
 
 
-@pytest.mark.parametrize("method", ["pages", "auto", "batch", "kernel"])
+@pytest.mark.parametrize("method", ["pages", "pages_staged", "pages_dma", "auto", "batch", "kernel"])
 @pytest.mark.parametrize("case", CASES.keys())
 def test_store_then_load_in_two_jobs_round_trips(case, method):
     rng = np.random.default_rng(0)

@@ -647,6 +647,10 @@ NB_MODULE(_C, m) {
   m.def("is_pinned_host", &IsPinnedHost, nb::arg("address"));
   m.attr("HOST_THREADING_BYTES") = kHostThreadingBytes;
   m.attr("MAX_HOST_THREADS") = kMaxHostThreads;
+  nb::enum_<PagePath>(m, "PagePath", "How a page job crosses the link (cc/page_copy.h).")
+      .value("STAGED", PagePath::kStaged, "DMA through a staging ring, a kernel on the HBM side")
+      .value("KERNEL", PagePath::kKernel, "a kernel that reaches the pool itself")
+      .value("DMA", PagePath::kDma, "cuMemcpyBatchAsync per page, no SM work");
   nb::class_<PyPageTable>(m, "PageTable",
                           "Every KV-cache group's tensors and the CPU pool, for jobs named by ids.")
       .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, int64_t, nb::handle>(),
@@ -686,23 +690,23 @@ NB_MODULE(_C, m) {
       .def(
           "copy",
           [](PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i, bool load,
-             nb::handle stream, bool staged, int max_ctas, int64_t slot_bytes, int slots, int ring) {
+             nb::handle stream, PagePath path, int max_ctas, int64_t slot_bytes, int slots, int ring) {
             return t.Copy(JobIds(b, c, g, i), load, stream,
-                          PageCopyOptions{staged, max_ctas, slot_bytes, slots, ring});
+                          PageCopyOptions{path, max_ctas, slot_bytes, slots, ring});
           },
           nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
           nb::arg("block_indices"), nb::arg("load"), nb::arg("stream").none(),
-          nb::arg("staged") = true, nb::arg("max_ctas") = 32,
+          nb::arg("path") = PagePath::kStaged, nb::arg("max_ctas") = 32,
           nb::arg("slot_bytes") = int64_t{64} << 20, nb::arg("slots") = 2, nb::arg("ring") = 0)
       .def(
           "copy_job",
-          [](PyPageTable& t, const PreparedJob& job, bool load, nb::handle stream, bool staged,
+          [](PyPageTable& t, const PreparedJob& job, bool load, nb::handle stream, PagePath path,
              int max_ctas, int64_t slot_bytes, int slots, int ring) {
             t.RequireOwn(job);
-            return t.Copy(job.ids, load, stream, PageCopyOptions{staged, max_ctas, slot_bytes, slots, ring},
+            return t.Copy(job.ids, load, stream, PageCopyOptions{path, max_ctas, slot_bytes, slots, ring},
                           /*checked=*/true);
           },
-          nb::arg("job"), nb::arg("load"), nb::arg("stream").none(), nb::arg("staged") = true,
+          nb::arg("job"), nb::arg("load"), nb::arg("stream").none(), nb::arg("path") = PagePath::kStaged,
           nb::arg("max_ctas") = 32, nb::arg("slot_bytes") = int64_t{64} << 20,
           nb::arg("slots") = 2, nb::arg("ring") = 0);
   nb::class_<PreparedJob>(m, "PreparedJob", "A job's ids, copied and checked by PageTable.prepare.")

@@ -4,9 +4,9 @@ The table holds every tensor's geometry (GPU base, row stride and page bytes; CP
 and chunk stride). A job then passes only its GPU block ids, CPU chunk ids and each
 group's count and first logical index (GPUSpec, CPUSpec); the host checks the ids and
 cuts the job into segments (one tensor's pages in one chunk), and the GPU computes
-every page's addresses. ``table.copy(..., staged=True)`` moves host runs by DMA through
-a device staging ring and scatters (loads) or gathers (stores) the HBM side with a
-kernel; ``staged=False`` has the kernel read or write the page-locked pool directly.
+every page's addresses. ``table.copy(..., path=_C.PagePath.X)`` crosses the link as
+cc/page_copy.h says: STAGED (DMA through a device ring, a kernel on the HBM side),
+KERNEL (a kernel that reaches the pool) or DMA (cuMemcpyBatchAsync per page).
 """
 
 from __future__ import annotations

@@ -1,0 +1,191 @@
+"""What copies kept in flight cost a model running beside them: kvoffload's meter.
+
+One continuous stream of compute steps (kvoffload.compute_loop.ComputeLoop, a CUDA graph
+a step) is cut into windows of ``steps`` counted steps each: idle, busy, idle, busy, ...
+A busy window has one copy source (a ``Copies``) kept in flight from ``margin`` steps
+before its first counted step until after its last; the idle windows on either side
+of it are its reference. Each source is measured in ``rounds`` busy windows, the sources
+interleaved, so that a slow drift of clocks falls on all of them alike.
+
+Per busy window:
+- ``step_slowdown``: its mean step over the mean of the idle windows just before and
+  after, minus 1;
+- ``idle_drift``: the idle window after over the one before, minus 1: the noise of that
+  comparison. A result whose |drift| exceeds NOISE in any of its windows is ``noisy``
+  and says nothing of a smaller slowdown.
+The steps are enqueued ``AHEAD`` steps ahead of the GPU; the host feeds the copies while
+it waits, so a copy source whose host work takes long shows as ``dry_steps`` (steps
+enqueued only after the GPU had finished the one before), not as a slower model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable, Protocol, Sequence
+
+AHEAD = 40
+STEPS = 100  # counted steps a window, at least
+WINDOW_SECONDS = 1.2  # and at least this long
+MARGIN_SECONDS = 0.15  # uncounted before each window: copies ramp up or drain
+ROUNDS = 2
+NOISE = 0.003  # |idle drift| above this in a window marks the result noisy
+POLL_SECONDS = 1e-4
+
+
+class Copies(Protocol):
+    """A copy source kept in flight: ``top_up`` submits until its jobs in flight reach
+    their depth (and collects finished ones) without blocking; ``drain`` waits for all
+    and returns the bytes moved since the first top_up."""
+
+    def top_up(self) -> None: ...
+
+    def drain(self) -> int: ...
+
+
+@dataclasses.dataclass
+class Result:
+    gb_per_s: float  # beside the loop, from the first submission to the last byte
+    step_slowdown: float  # mean over its busy windows
+    idle_drift: float  # the largest in magnitude over its windows, signed
+    windows: list[dict]  # per busy window: step_slowdown, idle_drift
+    dry_steps: int
+
+    @property
+    def noisy(self) -> bool:
+        """Some window's idle drift, or copies that did not cover it, leave its slowdown
+        meaningless."""
+        return abs(self.idle_drift) > NOISE or not all(w["covered"] for w in self.windows)
+
+    def summary(self) -> str:
+        noise = " NOISY" if self.noisy else ""
+        dry = f", {self.dry_steps} dry steps" if self.dry_steps else ""
+        return (f"{self.gb_per_s:6.1f} GB/s beside, step {self.step_slowdown:+.2%} "
+                f"(idle drift {self.idle_drift:+.2%}{noise}{dry})")
+
+
+def alone(copies: Copies, seconds: float = 1.5, warm_seconds: float = 0.3) -> float:
+    """GB/s of the source kept in flight with nothing beside it (steady: after a warm-up)."""
+    end = time.perf_counter() + warm_seconds
+    while time.perf_counter() < end:
+        copies.top_up()
+        time.sleep(POLL_SECONDS)
+    copies.drain()
+    start = time.perf_counter()
+    end = start + seconds
+    while time.perf_counter() < end:
+        copies.top_up()
+        time.sleep(POLL_SECONDS)
+    moved = copies.drain()
+    return moved / (time.perf_counter() - start) / 1e9
+
+
+class _Stream:
+    """The loop's steps, enqueued AHEAD ahead of the GPU, with the GPU's progress polled."""
+
+    def __init__(self, loop, total: int):
+        torch = loop.torch
+        self.loop, self.torch = loop, torch
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(total + 1)]
+        self.enqueued = 0
+        self.done = 0  # steps the GPU has finished, as last polled
+        self.dry = set()
+
+    def poll(self) -> None:
+        while self.done < self.enqueued and self.events[self.done + 1].query():
+            self.done += 1
+
+    def enqueue(self) -> None:
+        """The next step, once the GPU is at most AHEAD behind."""
+        i = self.enqueued
+        if i and self.events[i].query():
+            self.dry.add(i - 1)  # the GPU finished step i-1 before step i was enqueued
+        with self.torch.cuda.device(self.loop.stream.device), self.torch.cuda.stream(self.loop.stream):
+            if i == 0:
+                self.events[0].record(self.loop.stream)
+            self.loop.graph.replay()
+            self.events[i + 1].record(self.loop.stream)
+        self.enqueued += 1
+
+    def step_seconds(self, first: int, end: int) -> float:
+        """Mean seconds of steps [first, end)."""
+        return self.events[first].elapsed_time(self.events[end]) / 1e3 / (end - first)
+
+
+def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = None,
+            rounds: int = ROUNDS, margin: int | None = None) -> dict[str, Result]:
+    """Each source (a function returning the Copies to keep in flight) in ``rounds`` busy
+    windows beside ``loop``, between idle windows (see the module doc). steps, margin: per
+    window; default: STEPS and WINDOW_SECONDS, MARGIN_SECONDS of the loop's steps."""
+    steps = steps if steps is not None else max(STEPS, math.ceil(WINDOW_SECONDS / loop.step_seconds))
+    margin = margin if margin is not None else max(4, math.ceil(MARGIN_SECONDS / loop.step_seconds))
+    if steps < 1 or rounds < 1 or margin < 2:
+        raise ValueError("steps, rounds: must be >= 1; margin: >= 2")
+    names = list(sources)
+    # Phases in order: None is idle.
+    phases: list[str | None] = [None]
+    for _ in range(rounds):
+        for name in names:
+            phases += [name, None]
+    span = margin + steps
+    total = len(phases) * span + margin
+    stream = _Stream(loop, total)
+    window_starts = [p * span + margin for p in range(len(phases))]
+    spans: dict[int, tuple[float, int, float]] = {}  # phase -> (seconds of copying, bytes, drain step)
+    active = None  # (phase, copies, start time, step at start)
+
+    def wait_and_feed(until_done: int) -> None:
+        nonlocal active
+        while True:
+            stream.poll()
+            if active is None:
+                p = _phase_at(stream.done + 1, window_starts, span, margin)
+                if p is not None and phases[p] is not None and p not in spans:
+                    active = (p, sources[phases[p]](), time.perf_counter(), stream.done)
+            if active is not None:
+                p, copies, started, _ = active
+                if stream.done >= window_starts[p] + steps:  # the GPU finished the window
+                    moved = copies.drain()
+                    stream.poll()
+                    spans[p] = (time.perf_counter() - started, moved, stream.done + 1, active[3])
+                    active = None
+                else:
+                    copies.top_up()
+            if stream.done >= until_done:
+                return
+            time.sleep(POLL_SECONDS)
+
+    for i in range(total):
+        wait_and_feed(i - AHEAD)
+        stream.enqueue()
+    wait_and_feed(total)
+    loop.torch.cuda.synchronize()
+
+    means = [stream.step_seconds(s, s + steps) for s in window_starts]
+    results: dict[str, list] = {name: [] for name in names}
+    for p, name in enumerate(phases):
+        if name is None:
+            continue
+        seconds, moved, drained_at, started_at = spans[p]
+        # The copies ran from before the window's first step until they drained, which
+        # must come before the next idle window.
+        covered = started_at + 1 <= window_starts[p] and drained_at <= window_starts[p + 1]
+        before, after = means[p - 1], means[p + 1]
+        dry = len(stream.dry & set(range(window_starts[p] - 1, window_starts[p] + steps)))
+        results[name].append(dict(step_slowdown=means[p] / ((before + after) / 2) - 1,
+                                  idle_drift=after / before - 1, gb_per_s=moved / seconds / 1e9,
+                                  dry_steps=dry, covered=covered))
+    return {name: Result(sum(w["gb_per_s"] for w in ws) / len(ws),
+                         sum(w["step_slowdown"] for w in ws) / len(ws),
+                         max((w["idle_drift"] for w in ws), key=abs), ws,
+                         sum(w["dry_steps"] for w in ws))
+            for name, ws in results.items()}
+
+
+def _phase_at(step: int, window_starts: Sequence[int], span: int, margin: int) -> int | None:
+    """The phase whose margin or window holds ``step``."""
+    for p, start in enumerate(window_starts):
+        if start - margin <= step < start + span - margin:
+            return p
+    return None

@@ -1,0 +1,40 @@
+"""How a handler's page jobs cross the link, chosen per direction when it is made.
+
+A copy engine moves a large page at the link's rate without an SM, so beside a model it
+costs what any DMA costs; small pages leave the driver's per-copy time in charge, and
+there the staging ring (one DMA per host run, a kernel on the HBM side) is the fast
+path. ``choose`` takes DMA where the mean page is at least ``DMA_FROM_PAGE_BYTES`` for
+that direction (measured beside the model loop on the H200:
+bench/results/README.md, the method-per-layout runs).
+"""
+
+from __future__ import annotations
+
+from kvoffload import _C
+from kvoffload.vocabulary import Direction
+
+PagePath = _C.PagePath
+
+# The handler's page methods: "pages" chooses per direction, the others force a path.
+FORCED = {"pages_staged": PagePath.STAGED, "pages_kernel": PagePath.KERNEL, "pages_dma": PagePath.DMA}
+METHODS = ("pages",) + tuple(FORCED)
+DMA_FROM_PAGE_BYTES = {Direction.STORE: 32 << 10, Direction.LOAD: 32 << 10}
+
+
+def mean_page_bytes(layout) -> float:
+    """The mean bytes of one tensor's page over every tensor of every group."""
+    pages = [t.page_bytes for group in layout.groups for t in group.tensors]
+    return sum(pages) / len(pages) if pages else 0.0
+
+
+def choose(method: str, layout) -> dict[Direction, PagePath]:
+    """Each direction's path for a page method (one of METHODS)."""
+    if method in FORCED:
+        return {d: FORCED[method] for d in Direction}
+    page = mean_page_bytes(layout)
+    return {d: PagePath.DMA if page >= DMA_FROM_PAGE_BYTES[d] else PagePath.STAGED for d in Direction}
+
+
+def name(path) -> str:
+    """The method name that forces ``path``."""
+    return next(m for m, p in FORCED.items() if p == path)

@@ -1,0 +1,95 @@
+"""Copy sources that kvoffload.meter keeps in flight: bulk copies (the reference) and the
+jobs of an offloading worker with vLLM's verbs (kvoffload's or vLLM's own)."""
+
+from __future__ import annotations
+
+import itertools
+
+DIRECTIONS = ("store", "load", "both")
+
+
+def _directions(direction: str) -> tuple[str, ...]:
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction: expected one of {DIRECTIONS}, got {direction!r}")
+    return ("store", "load") if direction == "both" else (direction,)
+
+
+class BulkCopies:
+    """One plain copy of ``job_bytes`` a job between a pinned host buffer and device
+    memory, ``depth`` jobs in flight per direction, each direction on its own stream:
+    what the link moves with nothing but large DMA."""
+
+    def __init__(self, torch, direction: str, job_bytes: int = 256 << 20, depth: int = 2, device="cuda"):
+        self.torch, self.depth = torch, depth
+        self.lanes = {}
+        for d in _directions(direction):
+            host = torch.empty(job_bytes, dtype=torch.uint8, pin_memory=True)
+            gpu = torch.empty(job_bytes, dtype=torch.uint8, device=device)
+            src, dst = (gpu, host) if d == "store" else (host, gpu)
+            self.lanes[d] = (torch.cuda.Stream(device), src, dst, [])
+        self.moved = 0
+
+    def top_up(self) -> None:
+        torch = self.torch
+        for stream, src, dst, flying in self.lanes.values():
+            while flying and flying[0].query():
+                flying.pop(0)
+                self.moved += src.numel()
+            while len(flying) < self.depth:
+                with torch.cuda.stream(stream):
+                    dst.copy_(src, non_blocking=True)
+                    event = torch.cuda.Event()
+                    event.record(stream)
+                flying.append(event)
+
+    def drain(self) -> int:
+        for _, src, _, flying in self.lanes.values():
+            for event in flying:
+                event.synchronize()
+                self.moved += src.numel()
+            flying.clear()
+        moved, self.moved = self.moved, 0
+        return moved
+
+
+class WorkerCopies:
+    """Jobs of a worker with vLLM's verbs (``submit_store``, ``submit_load``,
+    ``get_finished``, ``wait``): ``jobs[direction]`` is a list of (GPU spec, CPU spec)
+    taken in turn, ``depth`` jobs in flight per direction. For "both", give the two
+    directions disjoint blocks and chunks."""
+
+    _ids = itertools.count(1 << 40)  # job ids unique across sources in one process
+
+    def __init__(self, worker, jobs: dict[str, list], direction: str, depth: int = 2):
+        self.worker, self.depth = worker, depth
+        self.specs = {d: itertools.cycle(jobs[d]) for d in _directions(direction)}
+        self.flying: dict[str, set] = {d: set() for d in self.specs}
+        self.direction_of: dict[int, str] = {}
+        self.moved = 0
+
+    def _collect(self) -> None:
+        for result in self.worker.get_finished():
+            if not result.success:
+                raise RuntimeError(f"job {result.job_id} failed")
+            self.flying[self.direction_of.pop(result.job_id)].discard(result.job_id)
+            self.moved += result.transfer_size
+
+    def top_up(self) -> None:
+        self._collect()
+        for d, flying in self.flying.items():
+            while len(flying) < self.depth:
+                job_id = next(self._ids)
+                gpu, cpu = next(self.specs[d])
+                ok = (self.worker.submit_store(job_id, gpu, cpu) if d == "store"
+                      else self.worker.submit_load(job_id, cpu, gpu))
+                if not ok:
+                    raise RuntimeError(f"job {job_id} was refused")
+                flying.add(job_id)
+                self.direction_of[job_id] = d
+
+    def drain(self) -> int:
+        while any(self.flying.values()):
+            self.worker.wait(set().union(*self.flying.values()))
+            self._collect()
+        moved, self.moved = self.moved, 0
+        return moved

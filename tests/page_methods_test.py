@@ -1,0 +1,37 @@
+"""kvoffload.page_methods: which path a handler's page jobs take, by layout and direction."""
+
+import pytest
+
+from kvoffload import page_methods
+from kvoffload.page_methods import DMA_FROM_PAGE_BYTES, PagePath
+from kvoffload.planner import GroupLayout, KVLayout, TensorLayout
+from kvoffload.vocabulary import Direction
+
+
+def layout(*pages_per_group):
+    groups, gpu, cpu = [], 1 << 40, 1 << 30
+    for pages in pages_per_group:
+        tensors = []
+        for page in pages:
+            tensors.append(TensorLayout(gpu, page, page, cpu, page))
+            gpu += 64 * page
+            cpu += 64 * page
+        groups.append(GroupLayout(tuple(tensors), 64, 64))
+    return KVLayout(tuple(groups), 1)
+
+
+@pytest.mark.parametrize("direction", list(Direction))
+def test_pages_at_or_above_the_threshold_go_by_dma_below_it_staged(direction):
+    edge = DMA_FROM_PAGE_BYTES[direction]
+    assert page_methods.choose("pages", layout([edge] * 3))[direction] == PagePath.DMA
+    assert page_methods.choose("pages", layout([edge - 16] * 3))[direction] == PagePath.STAGED
+    # The mean over every tensor of every group decides.
+    assert page_methods.choose("pages", layout([edge // 2], [3 * edge // 2]))[direction] == PagePath.DMA
+    assert page_methods.choose("pages", layout([edge // 2], [edge // 2, 3 * edge // 2 - 32]))[direction] \
+        == PagePath.STAGED
+
+
+def test_a_forced_method_takes_its_path_both_ways_and_names_it_back():
+    for name, path in page_methods.FORCED.items():
+        assert page_methods.choose(name, layout([4096], [1 << 20])) == {d: path for d in Direction}
+        assert page_methods.name(path) == name

@@ -1,0 +1,86 @@
+"""kvoffload.steady_copies.WorkerCopies without a GPU: jobs kept at their depth per
+direction, each spec taken in turn, bytes counted once, failures raised."""
+
+import collections
+import random
+
+import pytest
+
+from kvoffload.steady_copies import WorkerCopies
+
+
+class FakeWorker:
+    """vLLM's worker verbs; jobs finish when ``finish`` says, in random order."""
+
+    Result = collections.namedtuple("Result", "job_id success transfer_size transfer_time")
+
+    def __init__(self, seed, fail=None):
+        self.rng = random.Random(seed)
+        self.flying, self.done, self.log = {}, [], []
+        self.fail = fail
+
+    def submit_store(self, job_id, gpu, cpu):
+        return self._submit("store", job_id, gpu, cpu)
+
+    def submit_load(self, job_id, cpu, gpu):
+        return self._submit("load", job_id, gpu, cpu)
+
+    def _submit(self, direction, job_id, gpu, cpu):
+        assert job_id not in self.flying
+        self.flying[job_id] = (direction, gpu, cpu)
+        self.log.append((direction, gpu, cpu))
+        return True
+
+    def finish(self, count):
+        for job_id in self.rng.sample(sorted(self.flying), min(count, len(self.flying))):
+            _, gpu, _ = self.flying.pop(job_id)
+            self.done.append(self.Result(job_id, job_id != self.fail, gpu, 0.0))
+
+    def get_finished(self):
+        done, self.done = self.done, []
+        return done
+
+    def wait(self, ids):
+        for job_id in ids:
+            if job_id in self.flying:
+                self.finish(len(self.flying))
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("direction", ["store", "load", "both"])
+def test_jobs_stay_at_depth_and_every_byte_is_counted_once(seed, direction):
+    rng = random.Random(seed)
+    depth = rng.randint(1, 4)
+    # A spec's "GPU side" is the bytes it moves, so the log says what was submitted.
+    jobs = {d: [(rng.randint(1, 1000), f"{d}-cpu-{i}") for i in range(rng.randint(1, 5))]
+            for d in ("store", "load")}
+    worker = FakeWorker(seed)
+    copies = WorkerCopies(worker, jobs, direction, depth)
+    directions = ("store", "load") if direction == "both" else (direction,)
+    for _ in range(50):
+        copies.top_up()
+        in_flight = collections.Counter(d for d, _, _ in worker.flying.values())
+        assert dict(in_flight) == {d: depth for d in directions}
+        worker.finish(rng.randint(0, 2 * depth))
+    moved = copies.drain()
+    assert not worker.flying
+    assert moved == sum(size for _, size, _ in worker.log)
+    for d in directions:  # each direction's specs in turn, from the first
+        taken = [(size, cpu) for dd, size, cpu in worker.log if dd == d]
+        assert taken == [jobs[d][i % len(jobs[d])] for i in range(len(taken))]
+    assert copies.drain() == 0  # the count restarts
+
+
+def test_a_failed_job_raises():
+    worker = FakeWorker(0)
+    copies = WorkerCopies(worker, {"store": [(10, "c")]}, "store", 2)
+    copies.top_up()
+    worker.fail = next(iter(worker.flying))
+    worker.finish(2)
+    with pytest.raises(RuntimeError, match=f"job {worker.fail} failed"):
+        copies.top_up()
+
+
+def test_a_bad_direction_is_named():
+    with pytest.raises(ValueError, match="direction: expected one of"):
+        WorkerCopies(FakeWorker(0), {}, "sideways")
