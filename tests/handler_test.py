@@ -1,12 +1,9 @@
 """kvoffload.handler on a machine without a GPU: jobs on host threads, the same API
 and the same ordering rules as on a GPU."""
 
-import collections
 import concurrent.futures
 import gc
 import linecache
-import os
-import select
 import signal
 import sys
 import threading
@@ -564,102 +561,4 @@ def test_a_store_to_part_of_a_chunk_a_failed_store_wrote_leaves_the_rest_partial
         handler.wait(f"load {sub}")
         (load,) = handler.get_finished()
         assert load.success or "left partial by failed store 'bad'" in load.error
-    handler.shutdown()
-
-
-def entries(handler) -> int:
-    """Items in every container the handler and its lanes hold: what grows with jobs kept."""
-    return sum(len(v) for obj in (handler, handler._lanes, handler._conflicts, handler._accesses)
-               for v in vars(obj).values() if isinstance(v, (set, dict, list, collections.deque)))
-
-
-def test_the_ids_kept_for_wait_do_not_grow_with_the_jobs_run():
-    handler, model = small_handler()
-    batch, total = 64, 100_000
-    kept = OffloadHandler.COLLECTED_IDS_KEPT
-    counts, job_id = [], 0
-    for _ in range(total // batch):
-        ids = list(range(job_id, job_id + batch))
-        for k in ids:
-            assert handler.transfer_async(k, GPUSpec([k % 8], [1], [0]), CPUSpec([k % 4]))
-        job_id += batch
-        handler.wait(ids)
-        assert sorted(r.job_id for r in handler.get_finished()) == ids
-        counts.append(entries(handler))
-    assert max(counts[-50:]) <= counts[(kept + batch) // batch] + 16, counts[::100]  # flat once it is full
-    # What wait() still knows: a recent collected id returns at once; one never submitted,
-    # or reported more than COLLECTED_IDS_KEPT jobs ago, raises.
-    handler.wait(job_id - kept)
-    for unknown in (job_id, -1, 0, job_id - kept - 1):
-        with pytest.raises(ValueError, match=r"job_ids: .* was never submitted"):
-            handler.wait(unknown)
-    handler.wait([job_id, -1, 0], ignore_unknown=True)
-    for k in range(job_id - 4, job_id):  # the last store into each chunk holds its bytes
-        model.store([k % 8], [1], [0], [k % 4])
-    check(handler, model)
-    handler.shutdown()
-
-
-def test_a_forked_child_is_refused_and_the_parent_goes_on():
-    handler, model = small_handler()
-    run_job(handler, model, "before", "store", [0, 1], [2], [0], [0])
-    # A thread of the parent holds the handler's lock across the fork: the child's check
-    # must come before the lock, or the child hangs on it.
-    held, release = threading.Event(), threading.Event()
-
-    def hold():
-        with handler._lock:
-            held.set()
-            release.wait(60)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert held.wait(60)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report every call's outcome, never return into pytest
-        try:
-            calls = {"transfer_async": lambda: handler.transfer_async("child", GPUSpec([2, 3], [2], [0]),
-                                                                      CPUSpec([1])),
-                     "wait": lambda: handler.wait("before"), "get_finished": handler.get_finished,
-                     "shutdown": handler.shutdown}
-            lines = []
-            for name, call in calls.items():
-                try:
-                    lines.append(f"{name}: returned {call()!r}")
-                except Exception as e:  # noqa: BLE001 - reported to the parent
-                    lines.append(f"{name}: {type(e).__name__}: {e}")
-            os.write(write, ("\n".join(lines) + "\n").encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    release.set()
-    holder.join()
-    out, deadline = b"", time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if select.select([read], [], [], 1)[0]:
-            chunk = os.read(read, 1 << 16)
-            if not chunk:
-                break
-            out += chunk
-    os.close(read)
-    while os.waitpid(pid, os.WNOHANG) == (0, 0):
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.01)
-    else:
-        deadline = None
-    if deadline is not None:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        pytest.fail(f"the child hung; it reported {out.decode()!r}")
-    lines = out.decode().splitlines()
-    assert [line.split(":")[0] for line in lines] == ["transfer_async", "wait", "get_finished", "shutdown"]
-    for line in lines:
-        assert f"RuntimeError: this handler was made in process {os.getpid()} and cannot be used in process " \
-               f"{pid}, a child forked from it" in line, line
-    # The parent's handler is untouched: its chunk 0 holds the stored blocks, and jobs run.
-    check(handler, model)
-    run_job(handler, model, "after", "load", [4, 5], [2], [0], [0])
-    assert [r.job_id for r in handler.get_finished()] == []
     handler.shutdown()

@@ -261,6 +261,7 @@ class OffloadHandler:
         else:
             raise TypeError("src_spec, dst_spec: expected (GPUSpec, CPUSpec) for a store or "
                             "(CPUSpec, GPUSpec) for a load")
+        self._wait_for_pinning(gpu, cpu, job_id)  # before the lock: other threads' calls go on
         with self._lock:
             self._start_unstarted()
             self._check_open()
@@ -287,6 +288,31 @@ class OffloadHandler:
                                                  self._parts, prepared, gpu.group_sizes)))
             self._collect()
             return self._submit(job, plan, prepared)
+
+    def _wait_for_pinning(self, gpu: GPUSpec, cpu: CPUSpec, job_id: Hashable) -> None:
+        """With PoolOptions(wait_for_pinning=True), waits until the pool is pinned as far
+        as the job's chunks reach, without the lock: a wait of seconds must not hold up
+        get_finished(), wait() or shutdown() on other threads. Chunk ids out of range (or
+        any other fault) wait for nothing here: the submission, under the lock, checks
+        again (then at once) and reports what is wrong."""
+        pool, layout = self.pool, self.layout
+        if not pool.options.wait_for_pinning or pool.pinned_bytes >= pool.nbytes:
+            return
+        if len(gpu.group_sizes) != len(layout.groups):
+            return
+        used = [chunks_used(n, b, layout.blocks_per_chunk) for n, b in zip(gpu.group_sizes, gpu.block_indices)]
+        if sum(used) != len(cpu.chunk_ids):
+            return
+        at = 0
+        for group, n in zip(layout.groups, used):
+            ids = cpu.chunk_ids[at:at + n]
+            if n and (ids.min() < 0 or ids.max() >= group.num_cpu_chunks):
+                return
+            at += n
+        try:
+            pool.require_pinned(chunks_reach(layout, cpu.chunk_ids, used), job_id)
+        except Exception:  # noqa: BLE001 - reported by the submission's own check
+            pass
 
     def _submit(self, job: _Job, plan, prepared) -> bool:
         direction = job.direction
@@ -377,10 +403,12 @@ class OffloadHandler:
         with self._lock:
             self._start_unstarted()
             self._collect()
+            # Noted first, so that an interrupt here loses no result; an id used again
+            # moves to the end. No loop over the results: each call's lines stay few.
             collected = self._collected
-            for job_id in self._finished:  # first: an interrupt here loses no result
-                collected[job_id] = None
-                collected.move_to_end(job_id)
+            for job_id in collected.keys() & self._finished.keys():
+                del collected[job_id]
+            collected.update(dict.fromkeys(self._finished))
             while len(collected) > self.COLLECTED_IDS_KEPT:
                 collected.popitem(last=False)
             finished, self._finished = self._finished, {}

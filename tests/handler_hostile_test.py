@@ -1,0 +1,160 @@
+"""Hostile callers of kvoffload.handler on CPU (issue 30): ids kept for wait(), a handler
+used after fork, pinning waited for outside the lock, storage swapped under registered
+tensors, tensors shared by groups, and the errors that name the field."""
+
+import collections
+import concurrent.futures
+import os
+import select
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import kvoffload._C
+from kvoffload.handler import OffloadHandler
+from kvoffload.host_pool import PoolOptions
+from kvoffload.planner import CPUSpec, GPUSpec
+from kv_model import check, make_handler, run_job
+
+
+def small_handler(**kwargs):
+    rng = np.random.default_rng(0)
+    return make_handler(rng, [128], [2], num_blocks=8, num_chunks=4, bpc=2, cpu_layout="chunk_major",
+                        **kwargs)
+
+
+def entries(handler) -> int:
+    """Items in every container the handler and its lanes hold: what grows with jobs kept."""
+    return sum(len(v) for obj in (handler, handler._lanes, handler._conflicts, handler._accesses)
+               for v in vars(obj).values() if isinstance(v, (set, dict, list, collections.deque)))
+
+
+def test_the_ids_kept_for_wait_do_not_grow_with_the_jobs_run():
+    handler, model = small_handler()
+    batch, total = 64, 100_000
+    kept = OffloadHandler.COLLECTED_IDS_KEPT
+    counts, job_id = [], 0
+    for _ in range(total // batch):
+        ids = list(range(job_id, job_id + batch))
+        for k in ids:
+            assert handler.transfer_async(k, GPUSpec([k % 8], [1], [0]), CPUSpec([k % 4]))
+        job_id += batch
+        handler.wait(ids)
+        assert sorted(r.job_id for r in handler.get_finished()) == ids
+        counts.append(entries(handler))
+    assert max(counts[-50:]) <= counts[(kept + batch) // batch] + 16, counts[::100]  # flat once it is full
+    # What wait() still knows: a recent collected id returns at once; one never submitted,
+    # or reported more than COLLECTED_IDS_KEPT jobs ago, raises.
+    handler.wait(job_id - kept)
+    for unknown in (job_id, -1, 0, job_id - kept - 1):
+        with pytest.raises(ValueError, match=r"job_ids: .* was never submitted"):
+            handler.wait(unknown)
+    handler.wait([job_id, -1, 0], ignore_unknown=True)
+    for k in range(job_id - 4, job_id):  # the last store into each chunk holds its bytes
+        model.store([k % 8], [1], [0], [k % 4])
+    check(handler, model)
+    handler.shutdown()
+
+
+def test_a_forked_child_is_refused_and_the_parent_goes_on():
+    handler, model = small_handler()
+    run_job(handler, model, "before", "store", [0, 1], [2], [0], [0])
+    # A thread of the parent holds the handler's lock across the fork: the child's check
+    # must come before the lock, or the child hangs on it.
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with handler._lock:
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(60)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report every call's outcome, never return into pytest
+        try:
+            calls = {"transfer_async": lambda: handler.transfer_async("child", GPUSpec([2, 3], [2], [0]),
+                                                                      CPUSpec([1])),
+                     "wait": lambda: handler.wait("before"), "get_finished": handler.get_finished,
+                     "shutdown": handler.shutdown}
+            lines = []
+            for name, call in calls.items():
+                try:
+                    lines.append(f"{name}: returned {call()!r}")
+                except Exception as e:  # noqa: BLE001 - reported to the parent
+                    lines.append(f"{name}: {type(e).__name__}: {e}")
+            os.write(write, ("\n".join(lines) + "\n").encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    release.set()
+    holder.join()
+    out, deadline = b"", time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if select.select([read], [], [], 1)[0]:
+            chunk = os.read(read, 1 << 16)
+            if not chunk:
+                break
+            out += chunk
+    os.close(read)
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    else:
+        deadline = None
+    if deadline is not None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail(f"the child hung; it reported {out.decode()!r}")
+    lines = out.decode().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["transfer_async", "wait", "get_finished", "shutdown"]
+    for line in lines:
+        assert f"RuntimeError: this handler was made in process {os.getpid()} and cannot be used in process " \
+               f"{pid}, a child forked from it" in line, line
+    # The parent's handler is untouched: its chunk 0 holds the stored blocks, and jobs run.
+    check(handler, model)
+    run_job(handler, model, "after", "load", [4, 5], [2], [0], [0])
+    assert [r.job_id for r in handler.get_finished()] == []
+    handler.shutdown()
+
+
+def test_a_job_waiting_for_pinning_does_not_block_the_other_threads(monkeypatch):
+    # Real background pinning on CPU (first touch), held up by a gate on the touch.
+    gate, touching = threading.Event(), threading.Event()
+    touch = kvoffload._C.pool_touch
+
+    def slow_touch(*args):
+        touching.set()
+        assert gate.wait(60)
+        return touch(*args)
+
+    monkeypatch.setattr(kvoffload._C, "pool_touch", slow_touch)
+    rng = np.random.default_rng(31)
+    handler, model = make_handler(rng, [256], [2], num_blocks=8, num_chunks=6, bpc=2, cpu_layout="chunk_major",
+                                  host_pool=PoolOptions(background=True, wait_for_pinning=True))
+    assert touching.wait(60) and handler.pool.pinned_bytes == 0
+    threads = concurrent.futures.ThreadPoolExecutor(4)
+    try:
+        store = threads.submit(handler.transfer_async, "store", GPUSpec([5, 2, 7], [3], [1]), CPUSpec([4, 1]))
+        time.sleep(0.2)
+        assert not store.done()  # waiting for the pinning
+        for call in (handler.get_finished, lambda: handler.wait([]),
+                     lambda: handler.wait("never", ignore_unknown=True)):
+            threads.submit(call).result(timeout=10)  # not held up by the waiting submission
+        assert not store.done()
+    finally:
+        gate.set()
+    assert store.result(timeout=60)
+    threads.shutdown()
+    handler.wait("store")
+    assert [(r.job_id, r.success) for r in handler.get_finished()] == [("store", True)]
+    model.store([5, 2, 7], [3], [1], [4, 1])
+    check(handler, model)
+    handler.shutdown()
