@@ -158,3 +158,85 @@ def test_a_job_waiting_for_pinning_does_not_block_the_other_threads(monkeypatch)
     model.store([5, 2, 7], [3], [1], [4, 1])
     check(handler, model)
     handler.shutdown()
+
+
+@pytest.mark.parametrize("shared_first", [False, True])
+def test_a_tensor_two_groups_view_differently_is_registered_for_both_views(shared_first):
+    rng = np.random.default_rng(40 + shared_first)
+    a = torch.from_numpy(rng.integers(0, 256, (8, 64), dtype=np.uint8))
+    groups = [[a], [a[:, :32]]] if shared_first else [[a[:, :32]], [a]]
+    wide = 0 if shared_first else 1
+    handler = OffloadHandler(groups, 4, 2)
+    handler.pool.tensor.fill_(0xA5)
+    original = a.clone()
+    # The wide view's last blocks reach past the narrow view's span: both must be registered.
+    sizes = [2, 0] if wide == 0 else [0, 2]
+    gpu = GPUSpec([6, 7], sizes, [0, 0])
+    assert handler.transfer_async("store", gpu, CPUSpec([3]))
+    handler.wait("store")
+    a[6:8] = 0
+    assert handler.transfer_async("load", CPUSpec([3]), gpu)
+    handler.wait("load")
+    assert [(r.job_id, r.success) for r in handler.get_finished()] == [("store", True), ("load", True)]
+    assert torch.equal(a, original)  # all 64 bytes of blocks 6 and 7 went there and back
+    handler.shutdown()
+
+
+def swap_set(t):
+    t.set_(torch.zeros_like(t))
+
+
+def swap_resize_larger(t):
+    t.resize_(t.shape[0] * 4096, *t.shape[1:])  # a new allocation: the old one is freed
+
+
+def swap_resize_smaller(t):
+    t.resize_(t.shape[0] // 2, *t.shape[1:])
+
+
+def swap_data(t):
+    t.data = torch.zeros_like(t)
+
+
+SWAPS = [swap_set, swap_resize_larger, swap_resize_smaller, swap_data]
+
+
+def swappable_handler(rng):
+    """A handler over two random tensors whose storage can be resized, and a poisoned
+    host_buffer as its pool."""
+    tensors = [torch.randint(0, 256, (8, 128), dtype=torch.uint8, generator=torch.Generator().manual_seed(
+        int(rng.integers(1 << 30)))) for _ in range(2)]
+    host = torch.full((1 << 16,), 0xA5, dtype=torch.uint8)
+    return OffloadHandler([tensors], 4, 2, host_buffer=host), tensors, host
+
+
+@pytest.mark.parametrize("swap", SWAPS)
+def test_a_kv_tensor_whose_storage_is_swapped_is_refused_naming_it(swap):
+    rng = np.random.default_rng(50)
+    handler, tensors, host = swappable_handler(rng)
+    assert handler.transfer_async("before", GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
+    handler.wait("before")
+    stored = host.clone()
+    swap(tensors[1])
+    for job_id, specs in (("store", (GPUSpec([2, 3], [2], [0]), CPUSpec([1]))),
+                          ("load", (CPUSpec([0]), GPUSpec([0, 1], [2], [0])))):
+        with pytest.raises(ValueError, match=r"gpu_tensors\[0\]\[1\]: its memory changed since it was registered"):
+            handler.transfer_async(job_id, *specs)
+    assert torch.equal(host, stored)  # nothing copied
+    assert [r.job_id for r in handler.get_finished()] == ["before"]
+    handler.shutdown()
+
+
+def test_a_host_buffer_whose_storage_is_swapped_is_refused_naming_it():
+    rng = np.random.default_rng(51)
+    handler, tensors, host = swappable_handler(rng)
+    before = [t.clone() for t in tensors]
+    replacement = torch.full_like(host, 0x5A)
+    host.set_(replacement)
+    for job_id, specs in (("store", (GPUSpec([2, 3], [2], [0]), CPUSpec([1]))),
+                          ("load", (CPUSpec([0]), GPUSpec([0, 1], [2], [0])))):
+        with pytest.raises(ValueError, match=r"host_buffer: its memory changed since it was registered"):
+            handler.transfer_async(job_id, *specs)
+    assert (replacement == 0x5A).all() and all(torch.equal(t, b) for t, b in zip(tensors, before))
+    assert handler.get_finished() == []
+    handler.shutdown()

@@ -297,3 +297,35 @@ def test_the_arrays_checked_are_the_arrays_copied():
     assert (unregistered == 0xA5).all()
     for o in offsets:
         np.testing.assert_array_equal(dst[o:o + 64], src[o:o + 64])
+
+
+@pytest.mark.parametrize("swap", ["set_", "resize_", "data"])
+def test_a_checked_copy_into_a_tensor_whose_storage_was_swapped_is_refused(swap):
+    rng = np.random.default_rng(60)
+    src = torch.from_numpy(rng.integers(0, 256, 4096, dtype=np.uint8))
+    dst = torch.full((4096,), 0xA5, dtype=torch.uint8)
+    r = MemoryRegistry()
+    r.register_tensor("src", src)
+    r.register_tensor("dst", dst)
+    address = dst.data_ptr()
+    kv.host_copy([src.data_ptr()], [address], [64], registry=r)
+    assert torch.equal(dst[:64], src[:64])
+    storage = weakref.ref(dst.untyped_storage())
+    replacement = torch.full((4096,), 0x5A, dtype=torch.uint8)
+    if swap == "set_":
+        dst.set_(replacement)
+    elif swap == "resize_":
+        dst.resize_(1 << 22)  # reallocated: the memory at `address` is freed
+    else:
+        dst.data = replacement
+    gc.collect()
+    with pytest.raises(ValueError, match=r"dst: its memory changed since it was registered \(data_ptr "
+                                         rf"{address:#x}, shape \(4096,\)"):
+        kv.host_copy([src.data_ptr()], [address + 64], [64], registry=r)
+    with pytest.raises(ValueError, match=r"dst: its memory changed"):
+        r.check([address], [64], "host")
+    assert (replacement == 0x5A).all()
+    if swap != "resize_":  # the registry holds the old storage: its memory stays allocated
+        assert storage() is not None
+    r.unregister("dst")
+    r.check([src.data_ptr()], [4096], "host")  # the rest of the registry checks again

@@ -179,12 +179,19 @@ class OffloadHandler:
         if on_gpu:
             load_kernels(device.index)  # now, so that the first job does not wait for the model
         self.registry = MemoryRegistry()
-        registered = set()  # a tensor referenced by several groups is registered once
+        # Every view is registered (its own span: a tensor's views in several groups may
+        # differ, A[:, :32] and A), once: a tensor referenced by several groups again is
+        # only watched, so that a storage swapped under any reference is refused.
+        registered = set()
         for g, group in enumerate(gpu_tensors):
             for i, t in enumerate(group):
-                if t.numel() and t.data_ptr() not in registered:
-                    registered.add(t.data_ptr())
-                    self.registry.register_tensor(f"gpu_tensors[{g}][{i}]", t)
+                if t.numel():
+                    view = (str(t.device), t.data_ptr(), tuple(t.shape), t.stride())
+                    if view in registered:
+                        self.registry.watch(f"gpu_tensors[{g}][{i}]", t)
+                    else:
+                        registered.add(view)
+                        self.registry.register_tensor(f"gpu_tensors[{g}][{i}]", t)
         owners = tensor_owners(gpu_tensors)
         self.pool = HostPool(pool_bytes(pages, num_cpu_chunks, blocks_per_chunk, owners), buffer=host_buffer,
                              pinned=on_gpu, device=device.index or 0, options=host_pool,
@@ -195,6 +202,8 @@ class OffloadHandler:
                 raise ValueError(f"host_buffer: overlaps {shared[0].name}")
             if self.pool.nbytes:
                 self.registry.register("host pool", self.pool.base, self.pool.nbytes, MemoryKind.HOST)
+            if host_buffer is not None:
+                self.registry.watch("host_buffer", host_buffer)  # held, and refused if swapped
             self.layout = kv_layout(gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk,
                                     self.pool.base, cpu_layout)
         except Exception:
@@ -254,6 +263,8 @@ class OffloadHandler:
         that do not fit the layout or copies outside the registered memory, or after
         shutdown."""
         self._check_process()
+        if self._pages is not None:  # page jobs check no copies (the registry's check_copies does)
+            self.registry.check_tensors()
         if isinstance(src_spec, GPUSpec) and isinstance(dst_spec, CPUSpec):
             direction, gpu, cpu = Direction.STORE, src_spec, dst_spec
         elif isinstance(src_spec, CPUSpec) and isinstance(dst_spec, GPUSpec):

@@ -8,10 +8,14 @@ copied, or ``UNCHECKED``, the explicit mode for callers who register nothing: th
 calls then copy wherever they are told, after checking only that pointers and sizes are
 positive and (kernel and staged copies) that the memory is reachable from the GPU.
 
-A tensor registered with ``register_tensor`` is kept alive until ``unregister``: its
-memory cannot be freed and reused while copies may be checked against it. A region
-registered by address (``register``) is the caller's promise that the memory stays
-allocated until it is unregistered.
+A tensor registered with ``register_tensor`` is kept alive until ``unregister``, with
+its storage: its memory cannot be freed and reused while copies may be checked against
+it. It is also watched: every check first makes sure that each watched tensor still has
+the data pointer, shape and strides it was registered with, and refuses, naming it, a
+tensor whose memory was swapped since (``set_()``, ``resize_()``, ``.data = ...``), whose
+old memory copies would otherwise still reach. A region registered by address
+(``register``) is the caller's promise that the memory stays allocated until it is
+unregistered; ``watch`` adds a tensor to check, such as one the region lies in.
 """
 
 from __future__ import annotations
@@ -82,6 +86,33 @@ def tensor_span(tensor) -> tuple[int, int]:
     return tensor.data_ptr(), (last + 1) * tensor.element_size()
 
 
+@dataclasses.dataclass(frozen=True)
+class _Watched:
+    """A tensor as it was registered, with its storage held (see the module's doc)."""
+
+    name: str
+    tensor: object
+    storage: object
+    data_ptr: int
+    shape: tuple
+    stride: tuple
+
+    @classmethod
+    def of(cls, name: str, tensor) -> "_Watched":
+        return cls(name, tensor, tensor.untyped_storage(), tensor.data_ptr(), tensor.shape, tensor.stride())
+
+    def changed(self) -> bool:
+        t = self.tensor
+        return t.data_ptr() != self.data_ptr or t.shape != self.shape or t.stride() != self.stride
+
+    def error(self) -> ValueError:
+        t = self.tensor
+        return ValueError(
+            f"{self.name}: its memory changed since it was registered (data_ptr {self.data_ptr:#x}, shape "
+            f"{tuple(self.shape)}, strides {self.stride} -> {t.data_ptr():#x}, {tuple(t.shape)}, {t.stride()}): "
+            "set_(), resize_() or .data = ... swapped its storage; nothing copied (register it again)")
+
+
 class MemoryRegistry:
     """Regions of host and device memory, each a name, an address range and a kind.
 
@@ -91,6 +122,7 @@ class MemoryRegistry:
     def __init__(self):
         self._regions: list[Region] = []
         self._index: dict[str, tuple[np.ndarray, np.ndarray, list[Region]]] = {}
+        self._watched: tuple[_Watched, ...] = ()
 
     @property
     def regions(self) -> tuple[Region, ...]:
@@ -132,13 +164,28 @@ class MemoryRegistry:
             raise ValueError(f"{name}: has no elements")
         self.register(name, start, nbytes, MemoryKind.DEVICE if tensor.is_cuda else MemoryKind.HOST,
                       tensor.device.index if tensor.is_cuda else None, owner=tensor)
+        self.watch(name, tensor)
+
+    def watch(self, name: str, tensor) -> None:
+        """Holds the tensor and its storage and, before every check, refuses it changed
+        (see the module's doc), until ``unregister(name)``."""
+        if any(w.name == name for w in self._watched):
+            raise ValueError(f"{name}: is already watched")
+        self._watched = self._watched + (_Watched.of(name, tensor),)
+
+    def check_tensors(self) -> None:
+        """Raises ValueError naming the first watched tensor whose memory changed."""
+        for w in self._watched:
+            if w.changed():
+                raise w.error()
 
     def unregister(self, name: str) -> None:
         """Removes the region ``name`` (and lets go of its tensor); later copies into it
         are refused."""
-        if not any(r.name == name for r in self._regions):
+        if not any(r.name == name for r in self._regions) and not any(w.name == name for w in self._watched):
             raise KeyError(f"name: no region {name!r} is registered")
         self._regions = [r for r in self._regions if r.name != name]
+        self._watched = tuple(w for w in self._watched if w.name != name)
         self._index = {}
 
     def _merged(self, kind: MemoryKind | str):
@@ -160,7 +207,12 @@ class MemoryRegistry:
 
     def check(self, addresses, sizes, kind: MemoryKind | str, what: str = "copies") -> None:
         """Raises ValueError naming the first copy whose [address, address + size) is not
-        inside one registered region of ``kind`` (a MemoryKind, "device", "host" or "any")."""
+        inside one registered region of ``kind`` (a MemoryKind, "device", "host" or "any"),
+        or naming a watched tensor whose memory changed."""
+        self.check_tensors()
+        self._check(addresses, sizes, kind, what)
+
+    def _check(self, addresses, sizes, kind, what: str) -> None:
         if kind != ANY:
             kind = MemoryKind.parse(kind, "kind")
         addresses, sizes = _int64_array(addresses, what), _int64_array(sizes, "sizes")
@@ -179,8 +231,9 @@ class MemoryRegistry:
     def check_copies(self, src, dst, sizes, src_kind: MemoryKind | str = ANY,
                      dst_kind: MemoryKind | str = ANY) -> None:
         """Checks both ends of every copy; the error names ``src[i]`` or ``dst[i]``."""
-        self.check(src, sizes, src_kind, "src")
-        self.check(dst, sizes, dst_kind, "dst")
+        self.check_tensors()
+        self._check(src, sizes, src_kind, "src")
+        self._check(dst, sizes, dst_kind, "dst")
 
 
 def require_registry(registry) -> MemoryRegistry | None:
