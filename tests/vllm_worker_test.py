@@ -143,3 +143,52 @@ def test_a_failed_job_is_reported_not_raised_and_its_chunks_fail_loads(monkeypat
     assert worker.submit_store(3, GPULoadStoreSpec([0], [1], [0]), CPULoadStoreSpec([2]))
     assert finish(worker, {3}, started)[3].transfer_size == pages
     worker.shutdown()
+
+
+def with_fields(spec, **fields):
+    """A vLLM spec made valid, then given fields its constructor would have refused."""
+    for name, value in fields.items():
+        setattr(spec, name, value)
+    return spec
+
+
+def test_malformed_specs_are_refused_naming_the_job_and_the_vllm_field():
+    rng = np.random.default_rng(8)
+    cache = VllmCache(rng, [64], [[(0, 64)]], num_blocks=8)
+    worker = KVOffloadWorker(cache.kv_caches, 2, 4)
+    snapshot = cache.snapshot()
+    gpu = lambda **f: with_fields(GPULoadStoreSpec([0], [1], [0]), **f)
+    cpu = lambda **f: with_fields(CPULoadStoreSpec([0]), **f)
+    cases = [
+        (TypeError, r"submit_store\(job_id=1\): src_spec\.group_sizes: expected a sequence of ints, got NoneType",
+         lambda: worker.submit_store(1, gpu(group_sizes=None), cpu())),
+        (TypeError, r"submit_load\(job_id=2\): dst_spec\.block_indices: expected a sequence of ints, got int",
+         lambda: worker.submit_load(2, cpu(), gpu(block_indices=0))),
+        (TypeError, r"submit_store\(job_id=3\): dst_spec\.block_ids: expected a 1-D int64 array or a sequence",
+         lambda: worker.submit_store(3, gpu(), cpu(block_ids=None))),
+        (ValueError, r"submit_load\(job_id=4\): src_spec\.block_ids: expected a 1-D array, got 2-D",
+         lambda: worker.submit_load(4, cpu(block_ids=[[0]]), gpu())),
+    ]
+    for error, message, call in cases:
+        with pytest.raises(error, match=message):
+            call()
+    assert worker.get_finished() == []
+    for t, s in zip(cache.tensors, snapshot):
+        assert torch.equal(t, s)
+    worker.shutdown()
+
+
+@pytest.mark.parametrize("kv_caches, error, message", [
+    (lambda: caches([], []), ValueError, r"kv_caches: no tensors to offload \(0 tensors, 0 groups"),
+    (lambda: caches([torch.zeros(8, 64, dtype=torch.int8)], [[], []]), ValueError,
+     r"kv_caches: no tensors to offload \(1 tensors, 2 groups, none referencing a tensor\)"),
+    (lambda: caches([torch.zeros(8, 64, dtype=torch.int8)] * 2, [[(True, 64)]]), TypeError,
+     r"kv_caches\.group_data_refs\[0\]\[0\]\.tensor_idx: expected an int, got bool"),
+    (lambda: caches([torch.zeros(8, 64, dtype=torch.int8)], [[(0, 64)], [(0, True)]]), TypeError,
+     r"kv_caches\.group_data_refs\[1\]\[0\]\.page_size_bytes: expected an int, got bool"),
+    (lambda: caches([torch.zeros(8, 64, dtype=torch.int8)], [[(None, 64)]]), TypeError,
+     r"kv_caches\.group_data_refs\[0\]\[0\]\.tensor_idx: expected an int, got NoneType"),
+])
+def test_caches_of_no_tensors_or_bool_fields_are_refused_naming_the_field(kv_caches, error, message):
+    with pytest.raises(error, match=message):
+        KVOffloadWorker(kv_caches(), 2, 4)

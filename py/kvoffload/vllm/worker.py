@@ -57,6 +57,10 @@ class KVOffloadWorker(OffloadingWorker):
             gpu_tensors.append([]), pages.append([])
             for r, ref in enumerate(refs):
                 name = f"kv_caches.group_data_refs[{g}][{r}]"
+                for field in ("tensor_idx", "page_size_bytes"):
+                    value = getattr(ref, field)
+                    if isinstance(value, bool) or not isinstance(value, int):
+                        raise TypeError(f"{name}.{field}: expected an int, got {type(value).__name__}")
                 if not 0 <= ref.tensor_idx < len(views):
                     raise ValueError(f"{name}.tensor_idx: {ref.tensor_idx} is out of range "
                                      f"[0, {len(views)})")
@@ -66,6 +70,9 @@ class KVOffloadWorker(OffloadingWorker):
                                      f"(0, {padded}], the page of tensor {ref.tensor_idx}")
                 gpu_tensors[g].append(views[ref.tensor_idx])
                 pages[g].append(ref.page_size_bytes)
+        if not any(gpu_tensors):
+            raise ValueError(f"kv_caches: no tensors to offload ({len(views)} tensors, "
+                             f"{len(gpu_tensors)} groups, none referencing a tensor)")
         handler_options.setdefault("expedited_loads", True)
         self.handler = OffloadHandler(gpu_tensors, num_cpu_chunks, blocks_per_chunk,
                                       page_bytes=pages, **handler_options)
@@ -117,9 +124,21 @@ def _specs(verb, job_id, gpu_spec, gpu_name, cpu_spec, cpu_name) -> tuple[GPUSpe
     if not isinstance(cpu_spec, CPULoadStoreSpec):
         raise TypeError(f"{verb}(job_id={job_id!r}): {cpu_name}: expected a CPULoadStoreSpec, "
                         f"got {type(cpu_spec).__name__}")
+    prefix = f"{verb}(job_id={job_id!r}): "
+    fields = []
+    for field in ("group_sizes", "block_indices"):
+        value = getattr(gpu_spec, field)
+        try:
+            fields.append(tuple(value))
+        except TypeError:
+            raise TypeError(f"{prefix}{gpu_name}.{field}: expected a sequence of ints, got "
+                            f"{type(value).__name__}") from None
     try:
-        gpu = GPUSpec(gpu_spec.block_ids, tuple(gpu_spec.group_sizes),
-                      tuple(gpu_spec.block_indices))
+        gpu = GPUSpec(gpu_spec.block_ids, *fields)
     except (TypeError, ValueError) as e:
-        raise type(e)(f"{verb}(job_id={job_id!r}): {gpu_name}.{e}") from e
-    return gpu, CPUSpec(cpu_spec.block_ids)
+        raise type(e)(f"{prefix}{gpu_name}.{e}") from e
+    try:
+        cpu = CPUSpec(cpu_spec.block_ids)
+    except (TypeError, ValueError) as e:
+        raise type(e)(prefix + re.sub(r"\bchunk_ids\b", f"{cpu_name}.block_ids", str(e))) from e
+    return gpu, cpu
