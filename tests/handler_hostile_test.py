@@ -240,3 +240,35 @@ def test_a_host_buffer_whose_storage_is_swapped_is_refused_naming_it():
     assert (replacement == 0x5A).all() and all(torch.equal(t, b) for t, b in zip(tensors, before))
     assert handler.get_finished() == []
     handler.shutdown()
+
+
+@pytest.mark.parametrize("args, message", [
+    (lambda a: ([[a]], 0, 2), r"num_cpu_chunks: group 0 has 0 CPU chunks and the pool no memory"),
+    (lambda a: ([[a], [a]], 0, 2), r"num_cpu_chunks: group 0 has 0 CPU chunks"),
+    (lambda a: ([[torch.zeros(0, 64, dtype=torch.uint8)]], 4, 2), r"gpu_tensors\[0\]\[0\]: has 0 blocks"),
+    (lambda a: ([[a], [a[:0]]], 4, 2), r"gpu_tensors\[1\]\[0\]: has 0 blocks"),
+])
+def test_empty_pools_and_groups_name_the_count_at_fault(args, message):
+    a = torch.zeros(8, 64, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=message):
+        OffloadHandler(*args(a))
+
+
+class ReversedView:
+    """What a reversed view (numpy's x[::-1]) shows the planner: torch makes none."""
+
+    shape = (8, 8)
+
+    def stride(self):
+        return (-8, 1)
+
+    def element_size(self):
+        return 1
+
+
+def test_a_reversed_view_is_refused_as_a_negative_stride():
+    from kvoffload.planner import tensor_pages
+
+    with pytest.raises(ValueError, match=r"gpu_tensors\[0\]\[0\]: has a negative stride \(-8 in dim 0, a reversed "
+                                         r"view\); blocks must run forward"):
+        tensor_pages([[ReversedView()]])

@@ -215,6 +215,16 @@ class KVLayout:
             blocks = {t.shape[0] for t in tensors}
             if len(blocks) > 1:
                 raise ValueError(f"{name}[{g}]: tensors of one group differ in block count")
+            for i, t in enumerate(tensors):
+                # No memory behind it (torch gives an empty tensor address 0): say which
+                # count is 0, not the base address that follows from it.
+                if t.data_ptr() == 0:
+                    raise ValueError(f"{name}[{g}][{i}]: has {t.shape[0]} blocks ({t.numel()} elements), so no "
+                                     "memory; a group's tensors need at least 1 block")
+                if cpu_regions[g][i][0] == 0:
+                    where = "num_cpu_chunks" if name == "gpu_tensors" else f"cpu[{g}][{i}]"
+                    raise ValueError(f"{where}: group {g} has {num_chunks[g]} CPU chunks and the pool no memory; "
+                                     "at least 1 chunk is needed")
             groups.append(GroupLayout(
                 tuple(TensorLayout(gpu_base=t.data_ptr(), gpu_stride=t.stride(0) * t.element_size(),
                                    page_bytes=pages[g][i], cpu_base=cpu_regions[g][i][0],
@@ -227,6 +237,10 @@ class KVLayout:
 def block_bytes(tensor, name: str) -> int:
     """Bytes per index of dim 0 (a block), which must be contiguous: the geometry
     copy_blocks uses (kvoffload._C.block_geometry)."""
+    for d, stride in enumerate(tensor.stride()):
+        if stride < 0:
+            raise ValueError(f"{name}: has a negative stride ({stride} in dim {d}, a reversed view); "
+                             "blocks must run forward")
     return _C.block_geometry(tensor.shape, tensor.stride(), tensor.element_size(), name)[1]
 
 
