@@ -139,20 +139,27 @@ def main(argv):
         del cache, workers, sources
         if gpu:
             torch.cuda.empty_cache()
-    if FLAGS.out:
-        path = os.path.join(os.environ.get("BUILD_WORKSPACE_DIRECTORY", "."), FLAGS.out)
-        meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
-                    device=torch.cuda.get_device_name() if gpu else "cpu",
-                    step_seconds=loop.step_seconds if loop else None, steps=FLAGS.steps,
-                    rounds=FLAGS.rounds, noise=meter.NOISE,
-                    dma_from_page_bytes={d.value: b for d, b in page_methods.DMA_FROM_PAGE_BYTES.items()},
-                    note="kvoffload.meter: each source kept in flight (two jobs per direction) through "
-                         "100-step windows of the Llama-shaped layer loop, each between idle windows; "
-                         "step_slowdown against them, idle_drift their difference. vllm_worker is vLLM "
-                         "0.33's CPUOffloadingWorker with bench/vllm_peer.py's stand-in op.")
-        with open(path, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
-        print(f"wrote {path}")
+        write(torch, rows, loop)
+
+
+def write(torch, rows, loop):
+    """The rows so far, as JSON at --out (after every layout: a run cut short keeps them)."""
+    if not FLAGS.out:
+        return
+    path = os.path.join(os.environ.get("BUILD_WORKSPACE_DIRECTORY", "."), FLAGS.out)
+    meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
+                device=torch.cuda.get_device_name() if loop else "cpu",
+                step_seconds=loop.step_seconds if loop else None, steps=FLAGS.steps,
+                rounds=FLAGS.rounds, noise=meter.NOISE,
+                dma_from_page_bytes={d.value: b for d, b in page_methods.DMA_FROM_PAGE_BYTES.items()},
+                note="kvoffload.meter: each source kept in flight (two jobs per direction, fed from "
+                     "a thread of their own) through windows of at least 100 steps of the Llama-shaped "
+                     "layer loop, each between idle windows; "
+                     "step_slowdown against them, idle_drift their difference. vllm_worker is vLLM "
+                     "0.33's CPUOffloadingWorker with bench/vllm_peer.py's stand-in op.")
+    with open(path, "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ site=third_party/vllm/site
 rm -rf vllm_bundle && mkdir -p vllm_bundle/vllm_light/pins vllm_bundle/wheel
 # vLLM's Python sources, all of them (its worker, bench/vllm_peer.py's peer, imports more
 # than its offloading modules), and typing_extensions from the pins.
-(cd "$site" && find vllm -name '*.py') > vllm_bundle/files
+# Its METADATA too: vLLM reads its own version, and without one it turns Triton off.
+(cd "$site" && find vllm -name '*.py' && ls vllm-*.dist-info/METADATA) > vllm_bundle/files
 tar -C "$site" -cf - -T vllm_bundle/files | tar -C vllm_bundle/vllm_light -xf - --transform 's,^,site/,'
 cp third_party/vllm/pins/typing_extensions.py vllm_bundle/vllm_light/pins/
 for pin in msgspec pyzmq; do

@@ -2,8 +2,8 @@
 
 Two compute loops, each step captured once as a CUDA graph so that the host enqueues
 a whole loop in microseconds:
-- ``model``: a Llama-3.1-8B-shaped prefill layer (4096 tokens, 32 query / 8 KV heads of
-  128, MLP 14336, RMSNorm, causal SDPA, bf16, random weights);
+- ``model``: MODEL_LAYERS Llama-3.1-8B-shaped prefill layers (4096 tokens, 32 query / 8
+  KV heads of 128, MLP 14336, RMSNorm, causal SDPA, bf16, random weights);
 - ``gemm``: bf16 8192^3 matrix products, four per step.
 
 The loop covers the whole copy window; the copies start after some warm-up steps (clocks
@@ -35,6 +35,7 @@ import time
 import numpy as np
 
 WORKLOADS = ("model", "gemm")
+MODEL_LAYERS = 4  # a model step: enough layers that a step's launch is a small part of it
 WARM_STEPS = {"model": 20, "gemm": 60}
 AHEAD = 40  # steps enqueued ahead of the GPU, inside the launch queue
 POLL_SECONDS = 2e-4
@@ -53,7 +54,7 @@ def _model_step(torch, device):
     x = torch.randn(tokens, hidden, **bf16)
     F = torch.nn.functional
 
-    def step():
+    def layer():
         h = F.rms_norm(x, (hidden,), norm)
         q = (h @ w["q"]).view(1, tokens, heads, head_dim).transpose(1, 2)
         k = (h @ w["k"]).view(1, tokens, kv_heads, head_dim).transpose(1, 2)
@@ -63,7 +64,7 @@ def _model_step(torch, device):
         m = F.rms_norm(h, (hidden,), norm)
         return h + (F.silu(m @ w["gate"]) * (m @ w["up"])) @ w["down"]
 
-    return step
+    return lambda: [layer() for _ in range(MODEL_LAYERS)]
 
 
 def _gemm_step(torch, device):

@@ -35,13 +35,14 @@ import collections
 import dataclasses
 import functools
 import os
+import logging
 import threading
 import weakref
 from typing import Hashable, Iterable, Sequence
 
 import numpy as np
 
-from kvoffload import auto, calibration
+from kvoffload import auto, calibration, page_methods
 from kvoffload.descriptor_pool import DescriptorPool
 from kvoffload.host_pool import (HostPool, PoolOptions, chunk_runs, chunks_reach, kv_layout, pool_bytes,
                                  tensor_owners)
@@ -56,6 +57,8 @@ from kvoffload.copy_methods import copy_method
 from kvoffload.registry import UNCHECKED, MemoryRegistry, tensor_span
 from kvoffload.transfer_lanes import CudaLanes, HostLanes
 from kvoffload.vocabulary import Direction, MemoryKind
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,10 +125,12 @@ class OffloadHandler:
     tensor to use (and page-lock) as the pool instead of allocating one; ``pool_bytes``
     says how large it must be. host_pool: how the pool is made and pinned otherwise
     (kvoffload.host_pool.PoolOptions: shared, huge pages, in the background). method:
-    how jobs copy on a GPU. "pages" (the default) and "pages_kernel" send each job as ids
-    and compute its addresses on the GPU (kvoffload.page_table): "pages" moves host runs
-    by DMA through a staging ring and scatters or gathers the HBM side with a kernel of
-    ``page_ctas`` CTAs, "pages_kernel" has that kernel reach the pool itself. "auto",
+    how jobs copy on a GPU. The page methods send each job as ids (kvoffload.page_table):
+    "pages" (the default) chooses per direction from the layout (kvoffload.page_methods;
+    ``methods`` says what it chose), "pages_dma" sends every page by the driver's batch
+    copy, "pages_staged" moves host runs by DMA through a staging ring and scatters or
+    gathers the HBM side with a kernel of ``page_ctas`` CTAs, "pages_kernel" has that
+    kernel reach the pool itself. "auto",
     "batch", "per_copy", "kernel", "staged", "kernel_ctas2" and "kernel_ctas4" (or a
     kvoffload.copy_methods object with its own options) plan every page on the host and
     copy raw pointers (kvoffload.auto); "auto" picks among the others the fastest that
@@ -135,7 +140,7 @@ class OffloadHandler:
     memory for the while.
     """
 
-    PAGE_METHODS = ("pages", "pages_kernel")
+    PAGE_METHODS = page_methods.METHODS
 
     COLLECTED_IDS_KEPT = 1 << 14  # see wait()
 
@@ -218,6 +223,7 @@ class OffloadHandler:
         # Checks every job's ids and keys it; for page methods also copies.
         self._table = page_table(self.layout, self.pool.registration_edges)
         self._pages = None
+        self._paths = page_methods.choose(method, self.layout) if on_gpu and method in self.PAGE_METHODS else None
         if on_gpu and method in self.PAGE_METHODS:
             # Every page a job names lies inside these extents, checked once here; a job
             # then needs only its ids checked.
@@ -230,6 +236,11 @@ class OffloadHandler:
                     if group.num_cpu_chunks:
                         cpu_span = (group.num_cpu_chunks - 1) * t.cpu_stride + bpc_bytes(self.layout, t)
                         self.registry.check([t.cpu_base], [cpu_span], MemoryKind.HOST, f"group {g} CPU extent")
+        if self._paths is not None:
+            logger.info("kvoffload: %s page bytes on average: stores by %s, loads by %s",
+                        f"{page_methods.mean_page_bytes(self.layout):.0f}",
+                        page_methods.name(self._paths[Direction.STORE]),
+                        page_methods.name(self._paths[Direction.LOAD]))
         self._device = device
         self._lanes = CudaLanes(torch, device, lanes) if on_gpu else HostLanes(lanes)
         # A handler dropped without shutdown() ends its lanes before its pool goes.
@@ -350,7 +361,7 @@ class OffloadHandler:
             # Page copies read in stream order: the job already waits for conflicting stores.
             # Expedited loads take a ring of their own: they never queue behind the load lane's.
             copy = functools.partial(self._pages.copy_job, prepared, load=load,
-                                     staged=self._method == "pages", max_ctas=self._page_ctas,
+                                     path=self._paths[direction], max_ctas=self._page_ctas,
                                      ring=int(job.lane == "expedited"))
         else:
             descriptors = self._descriptors.acquire(src, dst, sizes)
@@ -368,7 +379,8 @@ class OffloadHandler:
             resolve = functools.partial(self._conflicts.resolve_and_add, job.lane, seq, job.writes_cpu,
                                         job.keys) if deferred else None
             job.handle = self._lanes.make(job.lane, copy, waits, failing_with=sources,
-                                          pipelined=plan is None and self._method == "pages", resolve=resolve)
+                                          pipelined=plan is None and self._paths[direction] == page_methods.PagePath.STAGED,
+                                          resolve=resolve)
         except BaseException:  # nothing runs
             if descriptors is not None:
                 self._descriptors.release(descriptors)
@@ -477,6 +489,16 @@ class OffloadHandler:
             self._lanes.close()
             self.pool.release()
             self._closed = True
+
+    @property
+    def methods(self) -> dict[str, str]:
+        """The method each direction's jobs take, by direction ("store", "load")."""
+        if self._paths is not None:
+            return {d.value: page_methods.name(p) for d, p in self._paths.items()}
+        if isinstance(self._lanes, HostLanes):
+            return {d.value: "host" for d in Direction}
+        name = self._method if isinstance(self._method, str) else self._method.name
+        return {d.value: name for d in Direction}
 
     @property
     def descriptor_arrays_allocated(self) -> int:

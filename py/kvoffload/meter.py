@@ -13,19 +13,23 @@ Per busy window:
 - ``idle_drift``: the idle window after over the one before, minus 1: the noise of that
   comparison. A result whose |drift| exceeds NOISE in any of its windows is ``noisy``
   and says nothing of a smaller slowdown.
-The steps are enqueued ``AHEAD`` steps ahead of the GPU; the host feeds the copies while
-it waits, so a copy source whose host work takes long shows as ``dry_steps`` (steps
-enqueued only after the GPU had finished the one before), not as a slower model.
+The steps are enqueued ``AHEAD_SECONDS`` ahead of the GPU; the copies are fed from a
+thread of their own. A step enqueued only after the GPU had finished the one before
+(a source whose host work holds the GIL long) counts in ``dry_steps``: its time then
+holds a wait for the host, not only the copies' cost.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from typing import Callable, Protocol, Sequence
 
-AHEAD = 40
+# Steps enqueued ahead of the GPU. The driver's launch queue holds about 70 steps of one
+# layer (190 ms on the H200); past it a launch blocks, and with it the copies' submission.
+AHEAD_SECONDS = 0.12
 STEPS = 100  # counted steps a window, at least
 WINDOW_SECONDS = 1.2  # and at least this long
 MARGIN_SECONDS = 0.15  # uncounted before each window: copies ramp up or drain
@@ -113,6 +117,30 @@ class _Stream:
         return self.events[first].elapsed_time(self.events[end]) / 1e3 / (end - first)
 
 
+class _Feeder(threading.Thread):
+    """Keeps one source's copies in flight, on a thread of its own as a server's offload
+    worker would be, until ``finish``; then drains them. A source's host work then holds
+    up the loop's enqueueing only as much as it holds the GIL."""
+
+    def __init__(self, phase: int, copies: Copies, stream: _Stream):
+        super().__init__(daemon=True)
+        self.phase, self.copies, self.stream = phase, copies, stream
+        self.finish = threading.Event()
+        self.started_at, self.started = stream.done, time.perf_counter()
+        self.error = None
+
+    def run(self) -> None:
+        try:
+            while not self.finish.is_set():
+                self.copies.top_up()
+                time.sleep(POLL_SECONDS)
+            self.moved = self.copies.drain()
+            self.seconds = time.perf_counter() - self.started
+            self.drained_at = self.stream.done + 1  # the GPU may be a step further than polled
+        except BaseException as e:  # noqa: BLE001 - raised on the measuring thread
+            self.error = e
+
+
 def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = None,
             rounds: int = ROUNDS, margin: int | None = None) -> dict[str, Result]:
     """Each source (a function returning the Copies to keep in flight) in ``rounds`` busy
@@ -132,32 +160,34 @@ def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = 
     total = len(phases) * span + margin
     stream = _Stream(loop, total)
     window_starts = [p * span + margin for p in range(len(phases))]
-    spans: dict[int, tuple[float, int, float]] = {}  # phase -> (seconds of copying, bytes, drain step)
-    active = None  # (phase, copies, start time, step at start)
+    spans: dict[int, tuple[float, int, int, int]] = {}  # phase -> (seconds, bytes, drained at, started at)
+    active: _Feeder | None = None
 
     def wait_and_feed(until_done: int) -> None:
         nonlocal active
         while True:
             stream.poll()
+            if active is not None and active.phase not in spans:
+                if stream.done >= window_starts[active.phase] + steps:  # the GPU finished the window
+                    active.finish.set()
+                if not active.is_alive():
+                    active.join()
+                    if active.error is not None:
+                        raise active.error
+                    spans[active.phase] = (active.seconds, active.moved, active.drained_at, active.started_at)
+                    active = None
             if active is None:
                 p = _phase_at(stream.done + 1, window_starts, span, margin)
                 if p is not None and phases[p] is not None and p not in spans:
-                    active = (p, sources[phases[p]](), time.perf_counter(), stream.done)
-            if active is not None:
-                p, copies, started, _ = active
-                if stream.done >= window_starts[p] + steps:  # the GPU finished the window
-                    moved = copies.drain()
-                    stream.poll()
-                    spans[p] = (time.perf_counter() - started, moved, stream.done + 1, active[3])
-                    active = None
-                else:
-                    copies.top_up()
+                    active = _Feeder(p, sources[phases[p]](), stream)
+                    active.start()
             if stream.done >= until_done:
                 return
             time.sleep(POLL_SECONDS)
 
+    ahead = max(4, min(40, math.ceil(AHEAD_SECONDS / loop.step_seconds)))
     for i in range(total):
-        wait_and_feed(i - AHEAD)
+        wait_and_feed(i - ahead)
         stream.enqueue()
     wait_and_feed(total)
     loop.torch.cuda.synchronize()

@@ -18,7 +18,7 @@ PagePath = _C.PagePath
 # The handler's page methods: "pages" chooses per direction, the others force a path.
 FORCED = {"pages_staged": PagePath.STAGED, "pages_kernel": PagePath.KERNEL, "pages_dma": PagePath.DMA}
 METHODS = ("pages",) + tuple(FORCED)
-DMA_FROM_PAGE_BYTES = {Direction.STORE: 32 << 10, Direction.LOAD: 32 << 10}
+DMA_FROM_PAGE_BYTES = {Direction.STORE: 20 << 10, Direction.LOAD: 20 << 10}
 
 
 def mean_page_bytes(layout) -> float:
