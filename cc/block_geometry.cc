@@ -34,6 +34,10 @@ BlockGeometry BlockGeometryOf(const std::vector<int64_t>& shape,
   }
   BlockGeometry geometry;
   geometry.blocks = shape[0];
+  if (geometry.blocks > 1 && elements > 0 && strides[0] < 0) {
+    reject("has a negative dim-0 stride (" + std::to_string(strides[0]) +
+           "; a reversed view): blocks must go forwards");
+  }
   if (geometry.blocks > 1 && elements > 0 && strides[0] < elements) {
     reject("blocks overlap (dim-0 stride " + std::to_string(strides[0]) + " < block size " +
            std::to_string(elements) + " elements)");

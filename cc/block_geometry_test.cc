@@ -61,6 +61,10 @@ std::string Reference(const std::vector<int64_t>& shape, const std::vector<int64
       }
     }
   }
+  if (shape[0] > 1 && elements > 0 && strides[0] < 0) {
+    return "t: has a negative dim-0 stride (" + std::to_string(strides[0]) +
+           "; a reversed view): blocks must go forwards";
+  }
   for (int64_t i = 0; i + 1 < shape[0] && elements > 0; ++i) {
     const int64_t end = i * strides[0] + elements, next = (i + 1) * strides[0];
     if (next < end) {
@@ -112,7 +116,7 @@ void TestEdges() {
   EXPECT(Geometry({4, 10}, {9, 1}, 1, "dst") ==
          "dst: blocks overlap (dim-0 stride 9 < block size 10 elements)");
   EXPECT(Geometry({2, 10}, {-10, 1}, 1) ==
-         "t: blocks overlap (dim-0 stride -10 < block size 10 elements)");
+         "t: has a negative dim-0 stride (-10; a reversed view): blocks must go forwards");
   // What no tensor has: mismatched strides, negative dims, sizes past int64.
   EXPECT(Geometry({2, 3}, {3}, 4) == "t: has 1 strides for 2 dims");
   EXPECT(Geometry({2, -3}, {3, 1}, 4) == "t: dim 1 is negative");

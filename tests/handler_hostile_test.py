@@ -82,7 +82,7 @@ def test_a_forked_child_is_refused_and_the_parent_goes_on():
             calls = {"transfer_async": lambda: handler.transfer_async("child", GPUSpec([2, 3], [2], [0]),
                                                                       CPUSpec([1])),
                      "wait": lambda: handler.wait("before"), "get_finished": handler.get_finished,
-                     "shutdown": handler.shutdown}
+                     "fence": handler.fence, "shutdown": handler.shutdown}
             lines = []
             for name, call in calls.items():
                 try:
@@ -114,7 +114,7 @@ def test_a_forked_child_is_refused_and_the_parent_goes_on():
         os.waitpid(pid, 0)
         pytest.fail(f"the child hung; it reported {out.decode()!r}")
     lines = out.decode().splitlines()
-    assert [line.split(":")[0] for line in lines] == ["transfer_async", "wait", "get_finished", "shutdown"]
+    assert [line.split(":")[0] for line in lines] == ["transfer_async", "wait", "get_finished", "fence", "shutdown"]
     for line in lines:
         assert f"RuntimeError: this handler was made in process {os.getpid()} and cannot be used in process " \
                f"{pid}, a child forked from it" in line, line

@@ -128,6 +128,11 @@ def test_host_buffer_too_small_is_rejected():
         OffloadHandler(gpu, 4, 2, host_buffer=torch.zeros(100, dtype=torch.uint8))
 
 
+def test_no_tensors_at_all_is_named():
+    with pytest.raises(ValueError, match=r"gpu_tensors: no tensors in its 2 groups"):
+        OffloadHandler([[], []], 4, 2)
+
+
 def test_gpu_tensors_on_two_devices_are_rejected():
     gpu = [[torch.zeros((8, 128), dtype=torch.uint8), torch.zeros((8, 128), dtype=torch.uint8, device="meta")]]
     with pytest.raises(ValueError, match=r"gpu_tensors: expected one device"):

@@ -55,9 +55,22 @@ def test_the_factory_selects_the_spec_and_vllm_sizes_the_pool():
     worker.shutdown()
 
 
+def ranks_in_one_process(monkeypatch):
+    """Ranks made in this process share a pool name as a TP group would: rank 0's."""
+    names = []
+
+    def share(spec, name):
+        names.append(name)
+        return names[0]
+
+    monkeypatch.setattr(KVOffloadSpec, "_share_pool_name", share)
+    return names
+
+
 def test_replicated_layout_shares_one_pool_rank_0_stores_every_rank_loads(monkeypatch):
     # What vLLM's own spec sizes on a GPU (where its region is shared): one copy for all ranks.
     monkeypatch.setattr(CPUOffloadingSpec, "_uses_shared_region", lambda self: True)
+    names = ranks_in_one_process(monkeypatch)
     engine = f"engine {os.getpid()}/{time.monotonic_ns()}"  # odd characters on purpose
     ranks = [KVOffloadSpec(config(world_size=2, rank=r, engine_id=engine, replicated_layout=True))
              for r in range(2)]
@@ -70,6 +83,9 @@ def test_replicated_layout_shares_one_pool_rank_0_stores_every_rank_loads(monkey
     rng = np.random.default_rng(4)
     caches = [VllmCache(rng, ROWS, REFS, num_blocks=32) for _ in ranks]
     workers = [spec.get_worker(cache.kv_caches) for spec, cache in zip(ranks, caches)]
+    # Both ranks attached to rank 0's name: the engine's name and a secret no one can guess.
+    assert len(names) == 2 and names[0] != names[1] and all(n.startswith(name + "-") for n in names)
+    name = names[0]
     assert os.path.exists(f"/dev/shm/{name}")
     assert workers[0].handler.pool.base != workers[1].handler.pool.base  # two mappings of one file
     src, dst = np.split(rng.permutation(32)[:16], 2)
@@ -182,6 +198,7 @@ def test_vllm_connector_flushes_a_preemption_on_every_rank_of_a_replicated_layou
     # (only rank 0 writes the shared pool) and then waits for the flushed ids it never saw,
     # as vLLM's handle_preemptions does; it must return, and load what rank 0 stored.
     monkeypatch.setattr(CPUOffloadingSpec, "_uses_shared_region", lambda self: True)
+    ranks_in_one_process(monkeypatch)
     engine = f"engine-flush-{os.getpid()}-{time.monotonic_ns()}"
     ranks = [KVOffloadSpec(config(world_size=2, rank=r, engine_id=engine, replicated_layout=True))
              for r in range(2)]

@@ -154,6 +154,8 @@ class OffloadHandler:
         gpu_tensors = [list(group) for group in gpu_tensors]
         _require_int("blocks_per_chunk", blocks_per_chunk, 1)
         devices = {t.device for group in gpu_tensors for t in group}
+        if not devices:
+            raise ValueError(f"gpu_tensors: no tensors in its {len(gpu_tensors)} groups")
         if len(devices) != 1:
             raise ValueError(f"gpu_tensors: expected one device, got {sorted(map(str, devices))}")
         device = devices.pop()
@@ -464,6 +466,7 @@ class OffloadHandler:
         submitted so far. The host waits only until those jobs are enqueued."""
         import torch
 
+        self._check_process()
         with self._lock:
             self._start_unstarted()
             self._check_open()

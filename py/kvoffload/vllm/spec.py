@@ -9,6 +9,7 @@ import re
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 from kvoffload.host_pool import PoolOptions
+from kvoffload.shm_file import unguessable_name
 from kvoffload.vllm.worker import KVOffloadWorker
 
 # kv_connector_extra_config keys read here; anything else goes to vLLM's spec.
@@ -17,14 +18,17 @@ HANDLER_OPTIONS = {"kvoffload_method": "method", "kvoffload_max_slowdown": "max_
 
 
 def shared_pool_name(engine_id) -> str:
-    """The /dev/shm file that the ranks of one engine share under vLLM's replicated layout."""
-    return "kvoffload-vllm-" + re.sub(r"[^A-Za-z0-9_.-]", "_", str(engine_id))
+    """The start of the /dev/shm file that the ranks of one engine share under vLLM's
+    replicated layout; rank 0 adds a secret suffix (unguessable_name) that it gives the
+    others, so no other user can plant the file beforehand."""
+    return "kvoffload-vllm-" + re.sub(r"[^A-Za-z0-9_.-]", "_", str(engine_id))[:200]
 
 
 class KVOffloadSpec(CPUOffloadingSpec):
     """Each worker process keeps a private pool, except under vLLM's replicated layout
     (MLA under tensor parallelism, where every rank holds the same KV): the ranks then
-    share one pool, a file under /dev/shm named after the engine (``shared_pool_name``),
+    share one pool, a file under /dev/shm named after the engine (``shared_pool_name``)
+    and a secret rank 0 shares with the others,
     rank 0 stores into it (vLLM's connector skips the others' stores), every rank loads
     from it, and ``cpu_bytes_to_use`` holds one copy."""
 
@@ -43,8 +47,15 @@ class KVOffloadSpec(CPUOffloadingSpec):
             if key in self.extra_config:
                 options[option] = self.extra_config[key]
         if self.replicated_layout:
-            options["host_pool"] = PoolOptions(shm_name=shared_pool_name(self.config.engine_id))
+            name = unguessable_name(shared_pool_name(self.config.engine_id), share=self._share_pool_name)
+            options["host_pool"] = PoolOptions(shm_name=name)
         return KVOffloadWorker(kv_caches, self.blocks_per_chunk, self.num_chunks, **options)
+
+    def _share_pool_name(self, name: str) -> str:
+        """Rank 0's name, to every rank: vLLM takes the replicated layout only with tensor
+        parallelism on one node, so the ranks that share the pool are the TP group."""
+        from vllm.distributed.parallel_state import get_tp_group
+        return get_tp_group().broadcast_object(name, src=0)
 
     def get_worker(self, kv_caches) -> KVOffloadWorker:
         if self._worker is None:
