@@ -42,4 +42,6 @@ def __getattr__(name):
         from kvoffload.vllm.spec import KVOffloadSpec
 
         return KVOffloadSpec
+    if name == "KVOffloadTieringSpec":  # vLLM's tiering on kvoffload's worker (kvoffload.vllm.tiering)
+        return __import__("kvoffload.vllm.tiering", fromlist=[name]).KVOffloadTieringSpec
     raise AttributeError(f"module 'kvoffload.vllm' has no attribute {name!r}")

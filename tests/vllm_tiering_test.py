@@ -1,0 +1,297 @@
+"""kvoffload.vllm.KVOffloadTieringSpec: vLLM 0.33's tiering (its manager, CPU primary tier
+and fs secondary tier, unchanged) with kvoffload's worker on vLLM's SharedOffloadRegion,
+driven on CPU tensors (the handler's host lanes)."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import vllm_env
+from vllm_cache import POISON, VllmCache, finish, job
+
+if vllm_env.LIGHT:
+    pytest.skip("the light vLLM bundle has no vllm.config", allow_module_level=True)
+from vllm.v1.kv_offload.base import (GPULoadStoreSpec, LookupResult, ReqContext, ScheduleEndContext,
+                                     make_offload_key)
+from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig, OffloadingGroupConfig,
+                                       OffloadingModelConfig, OffloadingParallelConfig)
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
+from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+import kvoffload.vllm
+from kvoffload.vllm.tiering import KVOffloadRegionWorker, KVOffloadTieringSpec
+
+BPC = 2
+# Three tensors of different pages: a chunk row is 2 * (1024 + 1024 + 2048) = 8 KiB.
+ROWS, REFS = [1024, 1024, 2048], [[(0, 1024), (1, 1024), (2, 2048)]]
+# A hybrid model: two groups referencing the same tensors (vLLM's shared KV tensors).
+HYBRID = [[(0, 1024), (1, 1024), (2, 2048)], [(0, 1024), (1, 1024), (2, 2048)]]
+NUM_BLOCKS = 64
+
+
+def engine_id():
+    return f"kvoffload-tiering-test-{os.getpid()}-{time.monotonic_ns()}"
+
+
+def extra(root_dir, **more):
+    config = {"spec_name": "KVOffloadTieringSpec", "spec_module_path": "kvoffload.vllm",
+              "cpu_bytes_to_use": 64 * 8192, "secondary_tiers": [{"type": "fs", "root_dir": str(root_dir)}]}
+    return {**config, **more}
+
+
+def config(extra_config, rows=ROWS, groups=1, world_size=1, rank=0, worker_bytes=None, bpc=BPC,
+           engine=None, **flags):
+    parallel = OffloadingParallelConfig(
+        rank=rank, world_size=world_size, tp_size=world_size, pp_size=1, pcp_size=1, dcp_size=1,
+        data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+        is_parallelism_agnostic=False)
+    return OffloadingConfig(
+        groups=tuple(OffloadingGroupConfig(16, (f"layer.{g}",), g) for g in range(groups)),
+        worker_kv_bytes_per_block=sum(rows) if worker_bytes is None else worker_bytes,
+        enable_kv_cache_events=False, extra_config=dict(extra_config), engine_id=engine or engine_id(),
+        model=OffloadingModelConfig("model", "int8"),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=bpc), parallel=parallel, **flags)
+
+
+def region_path(spec):
+    return f"/dev/shm/vllm_offload_{spec.config.engine_id}.mmap"
+
+
+def expected_row(cache, blocks, skip=0):
+    """Chunk row bytes vLLM's region holds for these GPU blocks (sub-blocks from ``skip``):
+    per tensor, its blocks_per_chunk pages; None where nothing is stored."""
+    row = []
+    for t, page in zip(cache.tensors, ROWS):
+        pages = [None] * BPC
+        for j, b in enumerate(blocks):
+            pages[skip + j] = t[b, :page].numpy().view(np.uint8)
+        row.append(pages)
+    return row
+
+
+def assert_row(row_bytes, expected, what):
+    """row_bytes (uint8, one chunk row of the region) holds ``expected``'s pages."""
+    at = 0
+    for t, (pages, page) in enumerate(zip(expected, ROWS)):
+        for j, want in enumerate(pages):
+            if want is not None:
+                assert np.array_equal(row_bytes[at + j * page:at + (j + 1) * page], want), \
+                    f"{what}: tensor {t} sub-block {j} differs"
+        at += BPC * page
+
+
+def test_the_factory_selects_the_spec_and_the_pool_is_the_region(tmp_path):
+    spec = OffloadingSpecFactory.create_spec(config(extra(tmp_path)))
+    assert type(spec) is KVOffloadTieringSpec and isinstance(spec, TieringOffloadingSpec)
+    assert kvoffload.vllm.KVOffloadTieringSpec is KVOffloadTieringSpec
+    manager = spec.get_manager()
+    assert isinstance(manager, TieringOffloadingManager)
+    assert [type(t) for t in manager.secondary_tiers] == [FileSystemTierManager]
+    cache = VllmCache(np.random.default_rng(0), ROWS, REFS, NUM_BLOCKS)
+    worker = spec.get_worker(cache.kv_caches)
+    assert isinstance(worker, KVOffloadRegionWorker) and spec.get_worker(None) is worker
+    region, views = worker.region, worker.region_views
+    # The handler's pool is the worker's mapping of the region, every tensor where vLLM's view is.
+    assert worker.handler.pool.base == region.base_tensor.data_ptr() == views[0].data_ptr()
+    assert worker.handler.pool.nbytes == region.total_size_bytes == spec.num_chunks * 8192
+    assert [(t.cpu_base, t.cpu_stride) for t in worker.handler.layout.groups[0].tensors] == \
+        [(v.data_ptr(), v.stride(0)) for v in views]
+    assert worker.handler.layout.groups[0].num_cpu_chunks == spec.num_chunks == 64
+    del region, views
+    region = worker.region
+    worker.shutdown()
+    assert worker.region is None
+    assert region.mmap_obj is None, "a view of the region outlived the worker: vLLM kept it mapped"
+    manager.shutdown()
+    assert not os.path.exists(region_path(spec))
+
+
+@pytest.mark.parametrize("refs", [REFS, HYBRID], ids=["one group", "hybrid: two groups share tensors"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_stores_land_in_the_rows_the_tiers_read_and_load_back(tmp_path, refs, seed):
+    rng = np.random.default_rng(seed)
+    spec = KVOffloadTieringSpec(config(extra(tmp_path), groups=len(refs)))
+    manager = spec.get_manager()
+    # What the secondary tiers read: the scheduler side's own mapping of the region.
+    tier_view = np.frombuffer(manager.primary_tier.get_kv_memoryview(), dtype=np.uint8).reshape(
+        spec.num_chunks, -1)
+    cache = VllmCache(rng, ROWS, refs, NUM_BLOCKS)
+    worker = spec.get_worker(cache.kv_caches)
+    n = [int(rng.integers(5, 10)) for _ in refs]
+    blocks = rng.permutation(NUM_BLOCKS)
+    src = [blocks[sum(n[:g]):sum(n[:g + 1])] for g in range(len(refs))]
+    dst = [blocks[sum(n) + sum(n[:g]):sum(n) + sum(n[:g + 1])] for g in range(len(refs))]
+    first = [int(rng.integers(0, BPC)) for _ in refs]  # some stores start inside a chunk
+    used = [(f + k + BPC - 1) // BPC for f, k in zip(first, n)]
+    chunk_ids = rng.permutation(spec.num_chunks)
+    chunks = [chunk_ids[sum(used[:g]):sum(used[:g + 1])] for g in range(len(refs))]
+    tier_view[:] = POISON & 0xFF  # so that a row kvoffload did not write cannot pass
+    snapshot = cache.snapshot()
+    gpu, cpu = job(src, first, chunks, BPC)
+    started = time.perf_counter()
+    assert worker.submit_store(1, gpu, cpu)
+    assert finish(worker, {1}, started)[1].transfer_size == sum(n) * sum(ROWS)
+    for g in range(len(refs)):
+        for c in range(used[g]):
+            lo = max(0, c * BPC - first[g])
+            hi = min(n[g], (c + 1) * BPC - first[g])
+            skip = first[g] if c == 0 else 0
+            assert_row(tier_view[chunks[g][c]], expected_row(cache, src[g][lo:hi], skip),
+                       f"group {g} chunk {c}")
+    for g in range(len(refs)):
+        cache.poison(g, dst[g])
+    gpu, cpu = job(dst, first, chunks, BPC)
+    started = time.perf_counter()
+    assert worker.submit_load(2, cpu, gpu)
+    finish(worker, {2}, started)
+    for g in range(len(refs)):
+        cache.assert_blocks(snapshot, g, src[g], dst[g])
+    worker.shutdown()
+    del tier_view
+    manager.shutdown()
+
+
+def schedule_end(manager):
+    manager.on_schedule_end(ScheduleEndContext((), ()))
+
+
+def settle(manager, done, timeout=60.0):
+    """Runs scheduler steps until done() holds (under the manager's lock)."""
+    started = time.perf_counter()
+    while True:
+        with manager.lock:
+            schedule_end(manager)
+            if done():
+                return
+        assert time.perf_counter() - started < timeout, "the tiers never settled"
+        time.sleep(0.005)
+
+
+def test_a_chunk_goes_to_disk_through_vllms_fs_tier_and_comes_back_to_the_gpu(tmp_path):
+    rng = np.random.default_rng(7)
+    spec = KVOffloadTieringSpec(config(extra(tmp_path)))
+    manager = spec.get_manager()
+    tier = manager.secondary_tiers[0]
+    tier_view = np.frombuffer(manager.primary_tier.get_kv_memoryview(), dtype=np.uint8).reshape(
+        spec.num_chunks, -1)
+    cache = VllmCache(rng, ROWS, REFS, NUM_BLOCKS)
+    worker = spec.get_worker(cache.kv_caches)
+    keys = [make_offload_key(rng.bytes(16), 0) for _ in range(4)]
+    src, dst = np.split(rng.permutation(NUM_BLOCKS)[:2 * BPC * len(keys)], 2)
+    snapshot = cache.snapshot()
+
+    # vLLM's scheduler side allocates the chunks, kvoffload's worker stores into them, and
+    # complete_store cascades them to the fs tier, which writes them from the region.
+    request = ReqContext("request-0")
+    with manager.lock:
+        manager.on_new_request(request)
+        out = manager.prepare_store(keys, request)
+    assert list(out.keys_to_store) == keys
+    started = time.perf_counter()
+    assert worker.submit_store(1, GPULoadStoreSpec(src.tolist(), [len(src)], [0]), out.store_spec)
+    finish(worker, {1}, started)
+    with manager.lock:
+        manager.complete_store(keys, request)
+        manager.on_request_finished(request)
+    settle(manager, lambda: not manager.has_pending_work())
+    for k, key in enumerate(keys):
+        path = tier.file_mapper.get_file_name(key)
+        with open(path, "rb") as f:
+            on_disk = np.frombuffer(f.read(), dtype=np.uint8)
+        assert on_disk.size == tier_view.shape[1], path
+        assert_row(on_disk, expected_row(cache, src[k * BPC:(k + 1) * BPC]), f"{path} (chunk {k})")
+
+    # The CPU tier forgets them and its memory is overwritten: only the disk has them now.
+    with manager.lock:
+        manager.reset_cache()
+        manager.on_reset_flushed()
+    tier_view[:] = POISON & 0xFF
+    cache.poison(0, dst)
+
+    # A new request finds them on disk; vLLM's fs tier promotes them into the region.
+    request = ReqContext("request-1")
+    with manager.lock:
+        manager.on_new_request(request)
+    lookups = []
+    settle(manager, lambda: lookups.append([manager.lookup(k, request) for k in keys])
+           or lookups[-1] == [LookupResult.HIT] * len(keys))
+    assert LookupResult.HIT not in lookups[0], "the CPU tier still had them"
+    with manager.lock:
+        load_spec = manager.prepare_load(keys, request)
+    assert isinstance(load_spec, CPULoadStoreSpec)
+    for k, c in enumerate(load_spec.chunk_ids):
+        assert_row(tier_view[c], expected_row(cache, src[k * BPC:(k + 1) * BPC]), f"promoted chunk {k}")
+    started = time.perf_counter()
+    assert worker.submit_load(2, load_spec, GPULoadStoreSpec(dst.tolist(), [len(dst)], [0]))
+    assert finish(worker, {2}, started)[2].transfer_size == len(dst) * sum(ROWS)
+    cache.assert_blocks(snapshot, 0, src, dst)
+    with manager.lock:
+        manager.complete_load(keys, request)
+        manager.on_request_finished(request)
+    worker.shutdown()
+    del tier_view
+    manager.shutdown()
+    assert not os.path.exists(region_path(spec))
+
+
+def test_a_job_outside_the_region_is_refused_naming_the_vllm_field(tmp_path):
+    spec = KVOffloadTieringSpec(config(extra(tmp_path)))
+    cache = VllmCache(np.random.default_rng(3), ROWS, REFS, NUM_BLOCKS)
+    worker = spec.get_worker(cache.kv_caches)
+    with pytest.raises(ValueError, match=r"submit_store\(job_id=1\): .*dst_spec\.block_ids"):
+        worker.submit_store(1, GPULoadStoreSpec([0, 1], [2], [0]), CPULoadStoreSpec([spec.num_chunks]))
+    assert worker.get_finished() == []
+    worker.shutdown()
+    assert not os.path.exists(region_path(spec))  # the worker made the file, and removed it
+
+
+@pytest.mark.parametrize("make, message", [
+    # Two ranks' slots side by side in each row: kvoffload's pool cannot skip the other's.
+    (lambda d: (config(extra(d), world_size=2), ROWS, REFS),
+     r"kvoffload's pool cannot lay its chunks out as vLLM's SharedOffloadRegion does: a chunk's row of "
+     r"vLLM's region is 16384 bytes and this worker's slot in it 8192 \(OffloadingConfig\.parallel\.world_size"),
+    # A row of 2 * 3 * 96 bytes, which vLLM rounds up to 4 KiB.
+    (lambda d: (config(extra(d), rows=[96] * 3), [96] * 3, [[(0, 96), (1, 96), (2, 96)]]),
+     r"row of vLLM's region is 4096 bytes and this worker's slot in it 576 .*rounded up to the 4 KiB page"),
+    (lambda d: (config(extra(d)), ROWS, [[(0, 1024), (1, 1000), (2, 2048)]]),
+     r"kv_caches\.group_data_refs\[0\]\[1\]\.page_size_bytes: 1000 is less than "
+     r"kv_caches\.tensors\[1\]\.page_size_bytes=1024"),
+    (lambda d: (config(extra(d), worker_bytes=2048), ROWS, REFS),
+     r"kv_caches\.tensors: 3 tensors of page_size_bytes \[1024, 1024, 2048\] need 8192 bytes per chunk "
+     r".*more than the 4096 of vLLM's region slot \(OffloadingConfig\.worker_kv_bytes_per_block"),
+    # A tensor no group references still has its place in vLLM's row.
+    (lambda d: (config(extra(d)), ROWS, [[(0, 1024), (2, 2048)]]),
+     r"kv_caches\.tensors\[1\]: no kv_caches\.group_data_refs entry references it, but vLLM's region "
+     r"keeps its place in every chunk row"),
+    # Tensors referenced in another order than vLLM's row has them.
+    (lambda d: (config(extra(d)), ROWS, [[(1, 1024), (0, 1024), (2, 2048)]]),
+     r"kv_caches\.group_data_refs\[0\]\[0\] \(kv_caches\.tensors\[1\]\) would start at byte 0 of the "
+     r"slot with chunks 8192 bytes apart; vLLM's view has it at 2048, 8192 apart"),
+    (lambda d: (config(extra(d)), ROWS, [[(3, 1024)]]),
+     r"kv_caches\.group_data_refs\[0\]\[0\]\.tensor_idx: 3 is out of range \[0, 3\)"),
+    (lambda d: (config(extra(d, kvoffload_cpu_layout="per_tensor")), ROWS, REFS),
+     r"kv_connector_extra_config: kvoffload_cpu_layout='per_tensor' does not match vLLM's "
+     r"SharedOffloadRegion, which this cache lays out as 'chunk_major'"),
+    (lambda d: (config(extra(d, cpu_bytes_to_use=4096)), ROWS, REFS),
+     r"kv_connector_extra_config: cpu_bytes_to_use=4096 holds no chunk of 8192 bytes"),
+])
+def test_caches_the_region_cannot_hold_are_refused_naming_the_field(tmp_path, caplog, make, message):
+    cfg, rows, refs = make(tmp_path)
+    spec = KVOffloadTieringSpec(cfg)
+    cache = VllmCache(np.random.default_rng(5), rows, refs, NUM_BLOCKS)
+    with pytest.raises(ValueError, match=message):
+        spec.get_worker(cache.kv_caches)
+    assert spec._worker is None
+    assert not os.path.exists(region_path(spec))  # the refused worker's region is gone...
+    assert "Keeping" not in caplog.text  # ...and unmapped: no view of it was left behind
+
+
+def test_canonical_layout_is_refused_naming_the_key(tmp_path):
+    with pytest.raises(ValueError, match=r"kv_connector_extra_config: canonical_layout=True is not supported"):
+        KVOffloadTieringSpec(config(extra(tmp_path), canonical_layout=True))
