@@ -26,7 +26,7 @@ from absl import app, flags
 
 from kvoffload import compute_loop
 import kvoffload as kv
-from kvoffload import _C, auto, copy_methods
+from kvoffload import auto, copy_methods, page_methods
 from kvoffload.page_table import PageTable
 
 FLAGS = flags.FLAGS
@@ -38,7 +38,7 @@ flags.DEFINE_list("directions", ["h2d", "d2h"], "h2d and/or d2h.")
 flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the workspace).")
 flags.DEFINE_string("plot", "", "Write a PNG plot of GB/s against block size here.")
 flags.DEFINE_list("methods", ["per_copy", "batch_stream", "batch_any", "kernel", "staged", "auto",
-                             "pages_staged", "pages_kernel"],
+                             "pages_staged", "pages_kernel", "pages_dma"],
                   "Methods to measure beside the bulk copy.")
 flags.DEFINE_enum("pattern", "scattered", ["scattered", "host_runs"],
                   "scattered: both sides at random; host_runs: the host side in runs of "
@@ -140,9 +140,9 @@ class PageJobs:
         chunks = scattered_offsets(rng, -(-count // self.bpc), self.bpc * self.block, self.pool)
         return blocks, chunks // (self.bpc * self.block), [count], [0]
 
-    def copy(self, job, load, stream, staged):
-        path = _C.PagePath.STAGED if staged else _C.PagePath.KERNEL
-        return self.table.copy(*job, load=load, stream=stream, path=path,
+    def copy(self, job, load, stream, method):
+        """The job by a forced page method (page_methods.FORCED: pages_staged, ...)."""
+        return self.table.copy(*job, load=load, stream=stream, path=page_methods.FORCED[method],
                                max_ctas=FLAGS.page_ctas, slot_bytes=FLAGS.page_slot_mib << 20,
                                slots=FLAGS.page_slots)
 
@@ -224,8 +224,7 @@ def measure_gpu(rng, rows, machine):
             for method in FLAGS.methods:
                 pieces = None  # a page job is enqueued in microseconds: one piece
                 if method.startswith("pages_"):
-                    copy = functools.partial(pages.copy, jobs[direction], direction == "h2d", stream,
-                                             method == "pages_staged")
+                    copy = functools.partial(pages.copy, jobs[direction], direction == "h2d", stream, method)
                 row = dict(method=method, direction=direction, block_bytes=block)
                 if method.startswith("auto"):  # the candidate it takes for this job
                     row["chosen"] = auto.chosen(s, d, sizes, stream, direction=direction, **UNCHECKED,
@@ -246,9 +245,8 @@ def measure_gpu(rng, rows, machine):
             store = (job[0][:half], job[1][: half // pages.bpc], [half], [0])
             load = (job[0][half:2 * half], job[1][half // pages.bpc: 2 * half // pages.bpc], [half], [0])
             for method in [m for m in FLAGS.methods if m.startswith("pages_")]:
-                staged = method == "pages_staged"
-                copies = [functools.partial(pages.copy, store, False, streams["d2h"], staged),
-                          functools.partial(pages.copy, load, True, streams["h2d"], staged)]
+                copies = [functools.partial(pages.copy, store, False, streams["d2h"], method),
+                          functools.partial(pages.copy, load, True, streams["h2d"], method)]
                 seconds = min(both_at_once(torch, streams, copies) for _ in range(FLAGS.repeats))
                 rows.append(dict(method=method, direction="both", block_bytes=block,
                                  seconds=seconds * moved / (half * block)))

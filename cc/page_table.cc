@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -218,6 +219,11 @@ bool PageLayout::host_break(int64_t address) const {
   return std::binary_search(host_breaks_.begin(), host_breaks_.end(), address);
 }
 
+int64_t PageLayout::next_host_break(int64_t address) const {
+  const auto next = std::upper_bound(host_breaks_.begin(), host_breaks_.end(), address);
+  return next == host_breaks_.end() ? std::numeric_limits<int64_t>::max() : *next;
+}
+
 int64_t ChunksUsed(int64_t blocks, int64_t first_index, int64_t blocks_per_chunk) {
   if (blocks == 0) return 0;
   // In 128 bits: with blocks_per_chunk near 2^63 the sum passes it (the quotient never does).
@@ -381,14 +387,19 @@ void SliceHostRuns(const PageLayout& layout, const std::vector<Segment>& segment
     const int64_t to = std::min(end, slice.end_byte);
     if (from >= slice.end_byte) break;
     if (to <= from) continue;
-    const int64_t host = seg.host + (from - seg.first_byte);
-    if (!out.size.empty() && out.host.back() + out.size.back() == host &&
-        !layout.host_break(host)) {
-      out.size.back() += to - from;
-    } else {
-      out.host.push_back(host);
-      out.slot.push_back(from - slice.first_byte);
-      out.size.push_back(to - from);
+    int64_t host = seg.host + (from - seg.first_byte);
+    for (int64_t at = from; at < to;) {  // a run ends at every break, inside a segment too
+      const int64_t bytes = std::min(to - at, layout.next_host_break(host) - host);
+      if (!out.size.empty() && out.host.back() + out.size.back() == host &&
+          !layout.host_break(host)) {
+        out.size.back() += bytes;
+      } else {
+        out.host.push_back(host);
+        out.slot.push_back(at - slice.first_byte);
+        out.size.push_back(bytes);
+      }
+      at += bytes;
+      host += bytes;
     }
   }
 }
@@ -414,12 +425,15 @@ void BuildPageDma(const PageLayout& layout, const int64_t* block_ids,
   out.gpu.clear();
   out.host.clear();
   out.size.clear();
+  int32_t last_ref = -1;
   for (const Segment& s : segments) {
     const TensorRef& ref = layout.refs()[s.ref];
     for (int32_t k = 0; k < s.pages; ++k) {
       const int64_t gpu = ref.gpu_base + block_ids[s.first_block + k] * ref.gpu_stride;
       const int64_t host = s.host + k * ref.page_bytes;
-      if (!out.size.empty() && out.gpu.back() + out.size.back() == gpu &&
+      // Pages of one tensor only: two tensors may be separate, adjacent allocations,
+      // which one copy may not span.
+      if (s.ref == last_ref && out.gpu.back() + out.size.back() == gpu &&
           out.host.back() + out.size.back() == host && !layout.host_break(host)) {
         out.size.back() += ref.page_bytes;
       } else {
@@ -427,8 +441,10 @@ void BuildPageDma(const PageLayout& layout, const int64_t* block_ids,
         out.host.push_back(host);
         out.size.push_back(ref.page_bytes);
       }
+      last_ref = s.ref;
     }
   }
 }
+
 
 }  // namespace kvoffload

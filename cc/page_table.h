@@ -41,6 +41,8 @@ class PageLayout {
   // across them.
   void set_host_breaks(std::vector<int64_t> breaks);
   bool host_break(int64_t address) const;
+  // The first break after `address`; INT64_MAX if none.
+  int64_t next_host_break(int64_t address) const;
 
  private:
   std::vector<TensorRef> refs_;

@@ -127,6 +127,10 @@ void TestUnitsMatchReference(std::mt19937_64& rng) {
     // Registration edges at some segments' starts: no host run may cross one.
     std::vector<int64_t> breaks;
     for (size_t k = 0; k < segments.size(); k += 3) breaks.push_back(segments[k].host);
+    for (size_t k = 1; k < segments.size(); k += 3) {  // and inside segments
+      if (segments[k].pages > 1) breaks.push_back(segments[k].host + layout.refs()[segments[k].ref].page_bytes);
+    }
+    std::sort(breaks.begin(), breaks.end());
     layout.set_host_breaks(breaks);
     std::vector<int64_t> gpu, host, size;
     UnitCopies(layout, c.block_ids.data(), segments, units, gpu, host, size);
@@ -437,6 +441,19 @@ void TestDmaIsThePagesMerged(std::mt19937_64& rng) {
     merged += static_cast<int64_t>(ReferencePages(c).size()) - static_cast<int64_t>(dma.size.size());
   }
   EXPECT(merged > 0);  // some pages did merge
+
+  // Two tensors that lie end to end on both sides stay two copies: they may be two
+  // allocations.
+  const int64_t page = 4096, gpu = int64_t{1} << 40, cpu = int64_t{1} << 30;
+  PageLayout adjacent({TensorRef{gpu, page, page, cpu, page}, TensorRef{gpu + page, page, page, cpu + page, page}},
+                      {2}, {1}, {1}, 1);
+  std::vector<int64_t> block = {0}, chunk = {0}, one = {1}, first = {0};
+  const PageJob job{block.data(), 1, chunk.data(), 1, one.data(), first.data(), 1};
+  std::vector<Segment> segments;
+  BuildSegments(adjacent, job, segments);
+  PageDma dma;
+  BuildPageDma(adjacent, block.data(), segments, dma);
+  EXPECT(dma.size == std::vector<int64_t>({page, page}));
 }
 
 }  // namespace

@@ -17,10 +17,26 @@ from kvoffload.batch_copy import (
     staged_copy,
     stream_device,
 )
+from kvoffload.calibration import CalibrationCacheError
+from kvoffload.handler import OffloadHandler, TransferResult
+from kvoffload.host_pool import PoolNotReadyError, PoolOptions
+from kvoffload.ordering import UnsafeCopyError
+from kvoffload.planner import CPUSpec, GPUSpec
+from kvoffload.pool_memory import PinnedMemoryError
 from kvoffload.registry import UNCHECKED, MemoryRegistry
 from kvoffload.vocabulary import Direction, MemoryKind
 
 __all__ = [
+    # The handler: what a user constructs, passes and catches.
+    "OffloadHandler",
+    "GPUSpec",
+    "CPUSpec",
+    "PoolOptions",
+    "TransferResult",
+    "PinnedMemoryError",
+    "PoolNotReadyError",
+    "CalibrationCacheError",
+    # The raw-pointer copies.
     "UNCHECKED",
     "MemoryRegistry",
     "CopyResult",
@@ -29,6 +45,7 @@ __all__ = [
     "MemoryKind",
     "NoCudaDeviceError",
     "SrcAccessOrder",
+    "UnsafeCopyError",
     "batch_copy",
     "batch_entry_point_version",
     "copy_blocks",

@@ -96,6 +96,13 @@ class _Stream:
         self.done = 0  # steps the GPU has finished, as last polled
         self.dry = set()
 
+    def finished(self) -> int:
+        """Steps the GPU has finished now, asked of the events (from any thread)."""
+        done, enqueued = self.done, self.enqueued  # events up to `enqueued` are recorded
+        while done < enqueued and self.events[done + 1].query():
+            done += 1
+        return done
+
     def poll(self) -> None:
         while self.done < self.enqueued and self.events[self.done + 1].query():
             self.done += 1
@@ -126,7 +133,7 @@ class _Feeder(threading.Thread):
         super().__init__(daemon=True)
         self.phase, self.copies, self.stream = phase, copies, stream
         self.finish = threading.Event()
-        self.started_at, self.started = stream.done, time.perf_counter()
+        self.started_at, self.started = stream.finished(), time.perf_counter()  # step then running
         self.error = None
 
     def run(self) -> None:
@@ -136,7 +143,7 @@ class _Feeder(threading.Thread):
                 time.sleep(POLL_SECONDS)
             self.moved = self.copies.drain()
             self.seconds = time.perf_counter() - self.started
-            self.drained_at = self.stream.done + 1  # the GPU may be a step further than polled
+            self.drained_at = self.stream.finished() + 1  # past the step running at the end
         except BaseException as e:  # noqa: BLE001 - raised on the measuring thread
             self.error = e
 
@@ -148,8 +155,9 @@ def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = 
     window; default: STEPS and WINDOW_SECONDS, MARGIN_SECONDS of the loop's steps."""
     steps = steps if steps is not None else max(STEPS, math.ceil(WINDOW_SECONDS / loop.step_seconds))
     margin = margin if margin is not None else max(4, math.ceil(MARGIN_SECONDS / loop.step_seconds))
-    if steps < 1 or rounds < 1 or margin < 2:
-        raise ValueError("steps, rounds: must be >= 1; margin: >= 2")
+    for name, value, least in (("steps", steps, 1), ("rounds", rounds, 1), ("margin", margin, 2)):
+        if value < least:
+            raise ValueError(f"{name}: must be >= {least}, got {value}")
     names = list(sources)
     # Phases in order: None is idle.
     phases: list[str | None] = [None]
@@ -163,6 +171,14 @@ def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = 
     spans: dict[int, tuple[float, int, int, int]] = {}  # phase -> (seconds, bytes, drained at, started at)
     active: _Feeder | None = None
 
+    def collect() -> None:
+        nonlocal active
+        active.join()
+        feeder, active = active, None
+        if feeder.error is not None:
+            raise feeder.error
+        spans[feeder.phase] = (feeder.seconds, feeder.moved, feeder.drained_at, feeder.started_at)
+
     def wait_and_feed(until_done: int) -> None:
         nonlocal active
         while True:
@@ -171,13 +187,9 @@ def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = 
                 if stream.done >= window_starts[active.phase] + steps:  # the GPU finished the window
                     active.finish.set()
                 if not active.is_alive():
-                    active.join()
-                    if active.error is not None:
-                        raise active.error
-                    spans[active.phase] = (active.seconds, active.moved, active.drained_at, active.started_at)
-                    active = None
+                    collect()
             if active is None:
-                p = _phase_at(stream.done + 1, window_starts, span, margin)
+                p = _phase_at(stream.done, window_starts, span, margin)  # step `done` is running
                 if p is not None and phases[p] is not None and p not in spans:
                     active = _Feeder(p, sources[phases[p]](), stream)
                     active.start()
@@ -186,18 +198,25 @@ def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = 
             time.sleep(POLL_SECONDS)
 
     ahead = max(4, min(40, math.ceil(AHEAD_SECONDS / loop.step_seconds)))
-    for i in range(total):
-        wait_and_feed(i - ahead)
-        stream.enqueue()
-    wait_and_feed(total)
-    loop.torch.cuda.synchronize()
+    try:
+        for i in range(total):
+            wait_and_feed(i - ahead)
+            stream.enqueue()
+        wait_and_feed(total)
+    finally:
+        if active is not None:  # still draining at the end, or stopped by an error
+            active.finish.set()
+            collect()
+        loop.torch.cuda.synchronize()
 
     means = [stream.step_seconds(s, s + steps) for s in window_starts]
     results: dict[str, list] = {name: [] for name in names}
     for p, name in enumerate(phases):
         if name is None:
             continue
-        seconds, moved, drained_at, started_at = spans[p]
+        # A window whose copies never started (the one before drained through it) is
+        # not covered.
+        seconds, moved, drained_at, started_at = spans.get(p, (1.0, 0, total + 1, total))
         # The copies ran from before the window's first step until they drained, which
         # must come before the next idle window.
         covered = started_at + 1 <= window_starts[p] and drained_at <= window_starts[p + 1]

@@ -1,0 +1,130 @@
+"""kvoffload.meter without a GPU: a simulated GPU runs the loop's steps in real time, each
+step slower by SLOW while a source's copies are in flight. The meter must find that
+slowdown for the slowing source and none for a harmless one, with every window covered
+and no drift (the simulated clock has none)."""
+
+import contextlib
+import time
+
+import pytest
+
+from kvoffload import meter
+
+STEP = 0.004  # simulated seconds a step
+SLOW = 0.10
+
+
+class FakeGPU:
+    """Steps and events in order; a step starts when enqueued and the one before is done."""
+
+    def __init__(self):
+        self.pending, self.end, self.busy = [], 0.0, []  # busy: [start, end] of copies in flight
+
+    def busy_at(self, t):
+        return any(start <= t < end for start, end in self.busy)
+
+    def advance(self, until):
+        while self.pending:
+            kind, item, enqueued = self.pending[0]
+            start = max(self.end, enqueued)
+            if start > until:
+                return
+            self.pending.pop(0)
+            if kind == "event":
+                item.ts = start
+            else:
+                self.end = start + STEP * (1 + SLOW if item and self.busy_at(start) else 1)
+
+
+class FakeEvent:
+    def __init__(self, gpu):
+        self.gpu, self.ts = gpu, None
+
+    def record(self, stream=None):
+        self.gpu.pending.append(("event", self, time.perf_counter()))
+
+    def query(self):
+        self.gpu.advance(time.perf_counter())
+        return self.ts is not None and self.ts <= time.perf_counter()
+
+    def elapsed_time(self, other):
+        return (other.ts - self.ts) * 1e3
+
+
+class FakeLoop:
+    def __init__(self):
+        gpu = self.gpu = FakeGPU()
+        cuda = type("cuda", (), dict(Event=lambda self, enable_timing=False: FakeEvent(gpu),
+                                     device=lambda self, d: contextlib.nullcontext(),
+                                     stream=lambda self, s: contextlib.nullcontext(),
+                                     synchronize=lambda self: self._sync()))()
+        cuda._sync = self.synchronize
+        self.torch = type("torch", (), {"cuda": cuda})()
+        self.stream = type("stream", (), {"device": None})()
+        self.graph = type("graph", (), {"replay": lambda _: gpu.pending.append(("step", True, time.perf_counter()))})()
+        self.step_seconds = STEP
+
+    def synchronize(self):
+        while self.gpu.pending:
+            self.gpu.advance(time.perf_counter())
+            time.sleep(STEP / 4)
+
+
+class Source:
+    """Copies whose time in flight slows the fake GPU (or not), and that record it."""
+
+    def __init__(self, gpu, slows):
+        self.gpu, self.slows, self.interval = gpu, slows, None
+
+    def top_up(self):
+        if self.interval is None:
+            self.interval = [time.perf_counter(), float("inf")]
+            if self.slows:
+                self.gpu.busy.append(self.interval)
+
+    def drain(self):
+        time.sleep(STEP)  # the last copies finish
+        self.interval[1] = time.perf_counter()
+        return 1 << 30
+
+
+def test_the_slowing_source_shows_its_slowdown_and_the_harmless_one_none():
+    loop = FakeLoop()
+    made = {"slow": [], "harmless": []}
+
+    def source(name):
+        def make():
+            made[name].append(Source(loop.gpu, name == "slow"))
+            return made[name][-1]
+        return make
+
+    got = meter.measure(loop, {name: source(name) for name in made}, steps=40, rounds=2, margin=8)
+    assert [len(made[n]) for n in made] == [2, 2]  # a fresh source per busy window
+    for name, result in got.items():
+        assert len(result.windows) == 2
+        assert all(w["covered"] for w in result.windows), result.windows
+        assert abs(result.idle_drift) < 1e-3  # a step slowed in an idle window shows here
+        assert not result.noisy
+        want = SLOW if name == "slow" else 0.0
+        assert result.step_slowdown == pytest.approx(want, abs=5e-4), result.windows
+        assert result.gb_per_s > 0
+
+
+def test_a_source_that_raises_stops_the_measurement_with_its_error():
+    loop = FakeLoop()
+
+    class Broken(Source):
+        def top_up(self):
+            raise OSError("copies broke")
+
+    with pytest.raises(OSError, match="copies broke"):
+        meter.measure(loop, {"broken": lambda: Broken(loop.gpu, False)}, steps=10, rounds=1, margin=4)
+
+
+@pytest.mark.parametrize("bad, match", [(dict(steps=0), "steps: must be >= 1, got 0"),
+                                        (dict(rounds=0), "rounds: must be >= 1, got 0"),
+                                        (dict(margin=1), "margin: must be >= 2, got 1")])
+def test_bad_arguments_are_named(bad, match):
+    args = dict(steps=10, rounds=1, margin=4) | bad
+    with pytest.raises(ValueError, match=match):
+        meter.measure(FakeLoop(), {"a": lambda: None}, **args)

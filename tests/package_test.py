@@ -1,0 +1,19 @@
+"""The package face: what a user constructs, passes and catches is importable from
+``kvoffload`` itself, and is the same object as in its module."""
+
+import kvoffload
+from kvoffload import calibration, handler, host_pool, planner, pool_memory
+
+
+def test_every_exported_name_exists():
+    missing = [name for name in kvoffload.__all__ if not hasattr(kvoffload, name)]
+    assert not missing
+
+
+def test_the_handler_its_specs_options_and_errors_are_exported_as_defined():
+    for module, names in ((handler, ["OffloadHandler", "TransferResult"]), (planner, ["GPUSpec", "CPUSpec"]),
+                          (host_pool, ["PoolOptions", "PoolNotReadyError"]),
+                          (pool_memory, ["PinnedMemoryError"]), (calibration, ["CalibrationCacheError"])):
+        for name in names:
+            assert name in kvoffload.__all__
+            assert getattr(kvoffload, name) is getattr(module, name)
