@@ -31,6 +31,12 @@ def test_pages_at_or_above_the_threshold_go_by_dma_below_it_staged(direction):
         == PagePath.STAGED
 
 
+def test_without_the_drivers_batch_copy_pages_keep_to_the_ring():
+    big = layout([1 << 20])
+    assert page_methods.choose("pages", big, batch_copy=False) == {d: PagePath.STAGED for d in Direction}
+    assert page_methods.choose("pages_dma", big, batch_copy=False) == {d: PagePath.DMA for d in Direction}
+
+
 def test_a_forced_method_takes_its_path_both_ways_and_names_it_back():
     for name, path in page_methods.FORCED.items():
         assert page_methods.choose(name, layout([4096], [1 << 20])) == {d: path for d in Direction}

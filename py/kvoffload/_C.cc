@@ -647,6 +647,7 @@ NB_MODULE(_C, m) {
   m.def("is_pinned_host", &IsPinnedHost, nb::arg("address"));
   m.attr("HOST_THREADING_BYTES") = kHostThreadingBytes;
   m.attr("MAX_HOST_THREADS") = kMaxHostThreads;
+  static const PageCopyOptions kPageDefaults{};
   nb::enum_<PagePath>(m, "PagePath", "How a page job crosses the link (cc/page_copy.h).")
       .value("STAGED", PagePath::kStaged, "DMA through a staging ring, a kernel on the HBM side")
       .value("KERNEL", PagePath::kKernel, "a kernel that reaches the pool itself")
@@ -696,8 +697,9 @@ NB_MODULE(_C, m) {
           },
           nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
           nb::arg("block_indices"), nb::arg("load"), nb::arg("stream").none(),
-          nb::arg("path") = PagePath::kStaged, nb::arg("max_ctas") = 32,
-          nb::arg("slot_bytes") = int64_t{64} << 20, nb::arg("slots") = 2, nb::arg("ring") = 0)
+          nb::arg("path") = kPageDefaults.path, nb::arg("max_ctas") = kPageDefaults.max_ctas,
+          nb::arg("slot_bytes") = kPageDefaults.slot_bytes, nb::arg("slots") = kPageDefaults.slots,
+          nb::arg("ring") = 0)
       .def(
           "copy_job",
           [](PyPageTable& t, const PreparedJob& job, bool load, nb::handle stream, PagePath path,
@@ -706,9 +708,9 @@ NB_MODULE(_C, m) {
             return t.Copy(job.ids, load, stream, PageCopyOptions{path, max_ctas, slot_bytes, slots, ring},
                           /*checked=*/true);
           },
-          nb::arg("job"), nb::arg("load"), nb::arg("stream").none(), nb::arg("path") = PagePath::kStaged,
-          nb::arg("max_ctas") = 32, nb::arg("slot_bytes") = int64_t{64} << 20,
-          nb::arg("slots") = 2, nb::arg("ring") = 0);
+          nb::arg("job"), nb::arg("load"), nb::arg("stream").none(), nb::arg("path") = kPageDefaults.path,
+          nb::arg("max_ctas") = kPageDefaults.max_ctas, nb::arg("slot_bytes") = kPageDefaults.slot_bytes,
+          nb::arg("slots") = kPageDefaults.slots, nb::arg("ring") = 0);
   nb::class_<PreparedJob>(m, "PreparedJob", "A job's ids, copied and checked by PageTable.prepare.")
       .def(
           "ids",
@@ -720,6 +722,7 @@ NB_MODULE(_C, m) {
           },
           "Copies of (block_ids, chunk_ids, group_sizes, block_indices).");
   m.attr("PAGE_UNIT_BYTES") = kPageUnitBytes;
+  m.attr("PAGE_COPY_CTAS") = kPageDefaults.max_ctas;
 
   // Job-number tables (kvoffload.lane_accesses).
   using Table = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;

@@ -52,7 +52,7 @@ from kvoffload.page_table import ChunkParts, job_arguments, key_offsets, page_ta
 from kvoffload.ordering import PendingWrites, safe_order
 from kvoffload.planner import (CPUSpec, GPUSpec, _require_int, check_shared, chunks_used, plan_transfer,
                                tensor_pages)
-from kvoffload.batch_copy import host_copy, load_kernels
+from kvoffload.batch_copy import batch_entry_point_version, host_copy, load_kernels
 from kvoffload.copy_methods import copy_method
 from kvoffload.registry import UNCHECKED, MemoryRegistry, tensor_span
 from kvoffload.transfer_lanes import CudaLanes, HostLanes
@@ -147,7 +147,8 @@ class OffloadHandler:
     def __init__(self, gpu_tensors: Sequence[Sequence], num_cpu_chunks: int | Sequence[int],
                  blocks_per_chunk: int, *, page_bytes: Sequence[int] | None = None,
                  cpu_layout: str = "chunk_major", host_buffer=None, expedited_loads: bool = False,
-                 method: str = "pages", max_slowdown: float | None = auto.MAX_SLOWDOWN, page_ctas: int = 32,
+                 method: str = "pages", max_slowdown: float | None = auto.MAX_SLOWDOWN,
+                 page_ctas: int = page_methods.PAGE_CTAS,
                  host_pool: PoolOptions | None = None):
         import torch
 
@@ -225,7 +226,8 @@ class OffloadHandler:
         # Checks every job's ids and keys it; for page methods also copies.
         self._table = page_table(self.layout, self.pool.registration_edges)
         self._pages = None
-        self._paths = page_methods.choose(method, self.layout) if on_gpu and method in self.PAGE_METHODS else None
+        self._paths = (page_methods.choose(method, self.layout, batch_entry_point_version() > 0)
+                       if on_gpu and method in self.PAGE_METHODS else None)
         if on_gpu and method in self.PAGE_METHODS:
             # Every page a job names lies inside these extents, checked once here; a job
             # then needs only its ids checked.

@@ -19,6 +19,7 @@ PagePath = _C.PagePath
 FORCED = {"pages_staged": PagePath.STAGED, "pages_kernel": PagePath.KERNEL, "pages_dma": PagePath.DMA}
 METHODS = ("pages",) + tuple(FORCED)
 DMA_FROM_PAGE_BYTES = {Direction.STORE: 20 << 10, Direction.LOAD: 20 << 10}
+PAGE_CTAS = _C.PAGE_COPY_CTAS  # the gather and scatter kernels' CTAs (cc/page_copy.h)
 
 
 def mean_page_bytes(layout) -> float:
@@ -27,12 +28,15 @@ def mean_page_bytes(layout) -> float:
     return sum(pages) / len(pages) if pages else 0.0
 
 
-def choose(method: str, layout) -> dict[Direction, PagePath]:
-    """Each direction's path for a page method (one of METHODS)."""
+def choose(method: str, layout, batch_copy: bool = True) -> dict[Direction, PagePath]:
+    """Each direction's path for a page method (one of METHODS). batch_copy: whether the
+    driver has cuMemcpyBatchAsync; without it DMA goes one driver call a page, and
+    "pages" keeps to the ring."""
     if method in FORCED:
         return {d: FORCED[method] for d in Direction}
     page = mean_page_bytes(layout)
-    return {d: PagePath.DMA if page >= DMA_FROM_PAGE_BYTES[d] else PagePath.STAGED for d in Direction}
+    return {d: PagePath.DMA if batch_copy and page >= DMA_FROM_PAGE_BYTES[d] else PagePath.STAGED
+            for d in Direction}
 
 
 def name(path) -> str:
