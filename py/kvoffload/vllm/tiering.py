@@ -32,7 +32,7 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from kvoffload.host_pool import CPU_LAYOUTS, cpu_tensor_layouts, pool_bytes, tensor_owners
 from kvoffload.vllm.spec import HANDLER_OPTIONS
-from kvoffload.vllm.worker import KVOffloadWorker, _block_view
+from kvoffload.vllm.worker import KVOffloadWorker, _block_view, group_tensors
 
 
 class KVOffloadRegionWorker(KVOffloadWorker):
@@ -155,32 +155,17 @@ def _region_pool(kv_caches, blocks_per_chunk, num_chunks, region):
 
 def _check_pool(kv_caches, blocks_per_chunk, num_chunks, region, tensors, gpu, views, need):
     slot = region.cpu_page_size
-    gpu_groups, pages = [], []
-    for g, refs in enumerate(kv_caches.group_data_refs):
-        gpu_groups.append([]), pages.append([])
-        for r, ref in enumerate(refs):
-            name = f"kv_caches.group_data_refs[{g}][{r}]"
-            for field in ("tensor_idx", "page_size_bytes"):
-                value = getattr(ref, field)
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise TypeError(f"{name}.{field}: expected an int, got {type(value).__name__}")
-            if not 0 <= ref.tensor_idx < len(gpu):
-                raise ValueError(f"{name}.tensor_idx: {ref.tensor_idx} is out of range [0, {len(gpu)})")
-            padded = tensors[ref.tensor_idx].page_size_bytes
-            if not 0 < ref.page_size_bytes <= padded:
-                raise ValueError(f"{name}.page_size_bytes: {ref.page_size_bytes} is not in "
-                                 f"(0, {padded}], the page of tensor {ref.tensor_idx}")
-            if blocks_per_chunk > 1 and ref.page_size_bytes != padded:
-                raise ValueError(
-                    f"{name}.page_size_bytes: {ref.page_size_bytes} is less than "
-                    f"kv_caches.tensors[{ref.tensor_idx}].page_size_bytes={padded}; vLLM's region "
-                    f"keeps the {blocks_per_chunk} blocks of a chunk {padded} bytes apart, "
-                    "kvoffload's pool page_size_bytes apart (a padded page needs blocks_per_chunk=1)")
-            gpu_groups[g].append(gpu[ref.tensor_idx])
-            pages[g].append(ref.page_size_bytes)
-    if not any(gpu_groups):
-        raise ValueError(f"kv_caches: no tensors to offload ({len(gpu)} tensors, "
-                         f"{len(gpu_groups)} groups, none referencing a tensor)")
+    gpu_groups, pages = group_tensors(kv_caches, gpu)
+    if blocks_per_chunk > 1:
+        for g, refs in enumerate(kv_caches.group_data_refs):
+            for r, ref in enumerate(refs):
+                padded = tensors[ref.tensor_idx].page_size_bytes
+                if ref.page_size_bytes != padded:
+                    raise ValueError(
+                        f"kv_caches.group_data_refs[{g}][{r}].page_size_bytes: {ref.page_size_bytes} is "
+                        f"less than kv_caches.tensors[{ref.tensor_idx}].page_size_bytes={padded}; vLLM's "
+                        f"region keeps the {blocks_per_chunk} blocks of a chunk {padded} bytes apart, "
+                        "kvoffload's pool page_size_bytes apart (a padded page needs blocks_per_chunk=1)")
     referenced = {ref.tensor_idx for refs in kv_caches.group_data_refs for ref in refs}
     for i in range(len(tensors)):
         if i not in referenced:

@@ -40,6 +40,33 @@ def _block_view(entry, name: str) -> torch.Tensor:
     return tensor.view(torch.int8).view(-1, page)
 
 
+def group_tensors(kv_caches: CanonicalKVCaches, views: list) -> tuple[list, list]:
+    """Per group, the block views its refs name and the bytes each moves a block, checked
+    against vLLM's fields: ``(gpu_tensors, page_bytes)`` as OffloadHandler takes them."""
+    gpu_tensors, pages = [], []
+    for g, refs in enumerate(kv_caches.group_data_refs):
+        gpu_tensors.append([]), pages.append([])
+        for r, ref in enumerate(refs):
+            name = f"kv_caches.group_data_refs[{g}][{r}]"
+            for field in ("tensor_idx", "page_size_bytes"):
+                value = getattr(ref, field)
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise TypeError(f"{name}.{field}: expected an int, got {type(value).__name__}")
+            if not 0 <= ref.tensor_idx < len(views):
+                raise ValueError(f"{name}.tensor_idx: {ref.tensor_idx} is out of range "
+                                 f"[0, {len(views)})")
+            padded = views[ref.tensor_idx].shape[1]
+            if not 0 < ref.page_size_bytes <= padded:
+                raise ValueError(f"{name}.page_size_bytes: {ref.page_size_bytes} is not in "
+                                 f"(0, {padded}], the page of tensor {ref.tensor_idx}")
+            gpu_tensors[g].append(views[ref.tensor_idx])
+            pages[g].append(ref.page_size_bytes)
+    if not any(gpu_tensors):
+        raise ValueError(f"kv_caches: no tensors to offload ({len(views)} tensors, "
+                         f"{len(gpu_tensors)} groups, none referencing a tensor)")
+    return gpu_tensors, pages
+
+
 class KVOffloadWorker(OffloadingWorker):
     """Moves blocks between vLLM's KV-cache tensors and a host pool of ``num_cpu_chunks``
     chunks of ``blocks_per_chunk`` blocks. Keyword arguments go to OffloadHandler
@@ -52,27 +79,7 @@ class KVOffloadWorker(OffloadingWorker):
         devices = {str(v.device) for v in views}
         if len(devices) > 1:
             raise ValueError(f"kv_caches.tensors: on more than one device ({sorted(devices)})")
-        gpu_tensors, pages = [], []
-        for g, refs in enumerate(kv_caches.group_data_refs):
-            gpu_tensors.append([]), pages.append([])
-            for r, ref in enumerate(refs):
-                name = f"kv_caches.group_data_refs[{g}][{r}]"
-                for field in ("tensor_idx", "page_size_bytes"):
-                    value = getattr(ref, field)
-                    if isinstance(value, bool) or not isinstance(value, int):
-                        raise TypeError(f"{name}.{field}: expected an int, got {type(value).__name__}")
-                if not 0 <= ref.tensor_idx < len(views):
-                    raise ValueError(f"{name}.tensor_idx: {ref.tensor_idx} is out of range "
-                                     f"[0, {len(views)})")
-                padded = views[ref.tensor_idx].shape[1]
-                if not 0 < ref.page_size_bytes <= padded:
-                    raise ValueError(f"{name}.page_size_bytes: {ref.page_size_bytes} is not in "
-                                     f"(0, {padded}], the page of tensor {ref.tensor_idx}")
-                gpu_tensors[g].append(views[ref.tensor_idx])
-                pages[g].append(ref.page_size_bytes)
-        if not any(gpu_tensors):
-            raise ValueError(f"kv_caches: no tensors to offload ({len(views)} tensors, "
-                             f"{len(gpu_tensors)} groups, none referencing a tensor)")
+        gpu_tensors, pages = group_tensors(kv_caches, views)
         handler_options.setdefault("expedited_loads", True)
         self.handler = OffloadHandler(gpu_tensors, num_cpu_chunks, blocks_per_chunk,
                                       page_bytes=pages, **handler_options)
