@@ -42,9 +42,10 @@ def test_multi_group_with_an_empty_and_an_unaligned_group(expedite):
     multi_group_with_an_empty_and_an_unaligned_group("cuda", "chunk_major", expedite)
 
 
-def test_a_store_sees_what_the_compute_stream_wrote_just_before():
+@pytest.mark.parametrize("method", ["pages_staged", "pages_dma"])
+def test_a_store_sees_what_the_compute_stream_wrote_just_before(method):
     handler, _ = make_handler(np.random.default_rng(1), [4096], [2], num_blocks=64, num_chunks=64,
-                              bpc=1, cpu_layout="chunk_major", device="cuda")
+                              bpc=1, cpu_layout="chunk_major", device="cuda", method=method)
     views = pool_views(handler, handler.pool.tensor.numpy())
     rng = np.random.default_rng(2)
     trials = scaled(1000)
@@ -63,9 +64,10 @@ def test_a_store_sees_what_the_compute_stream_wrote_just_before():
     handler.shutdown()
 
 
-def test_a_load_right_after_a_store_of_the_same_chunks_reads_the_stored_bytes():
+@pytest.mark.parametrize("method", ["pages_staged", "pages_dma"])
+def test_a_load_right_after_a_store_of_the_same_chunks_reads_the_stored_bytes(method):
     handler, _ = make_handler(np.random.default_rng(3), [4096], [2], num_blocks=64, num_chunks=64,
-                              bpc=2, cpu_layout="chunk_major", device="cuda")
+                              bpc=2, cpu_layout="chunk_major", device="cuda", method=method)
     rng = np.random.default_rng(4)
     trials = scaled(1000)
     for trial in range(trials):

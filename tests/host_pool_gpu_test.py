@@ -63,7 +63,7 @@ def test_registering_a_piece_twice_is_a_named_cuda_error():
 
 
 @pytest.mark.parametrize("cpu_layout", ["chunk_major", "per_tensor"])
-@pytest.mark.parametrize("method", ["batch", "auto", "pages", "pages_kernel"])
+@pytest.mark.parametrize("method", ["batch", "auto", "pages", "pages_staged", "pages_dma", "pages_kernel"])
 def test_jobs_whose_runs_cross_the_pieces_edges(cpu_layout, method):
     rng = np.random.default_rng(1)
     # 64 KiB chunks, a piece every 4 chunks: storing consecutive blocks to consecutive
