@@ -429,8 +429,8 @@ void BuildPageDma(const PageLayout& layout, const int64_t* block_ids,
   for (const Segment& s : segments) {
     const TensorRef& ref = layout.refs()[s.ref];
     for (int32_t k = 0; k < s.pages; ++k) {
-      const int64_t gpu = ref.gpu_base + block_ids[s.first_block + k] * ref.gpu_stride;
-      const int64_t host = s.host + k * ref.page_bytes;
+      const UnitPlace first = PlaceUnit(ref, block_ids, s, k * UnitsPerPage(ref.page_bytes));
+      const int64_t gpu = first.gpu, host = s.host + (first.job_byte - s.first_byte);
       // Pages of one tensor only: two tensors may be separate, adjacent allocations,
       // which one copy may not span.
       if (s.ref == last_ref && out.gpu.back() + out.size.back() == gpu &&

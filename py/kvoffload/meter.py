@@ -25,7 +25,7 @@ import dataclasses
 import math
 import threading
 import time
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol
 
 # Steps enqueued ahead of the GPU. The driver's launch queue holds about 70 steps of one
 # layer (190 ms on the H200); past it a launch blocks, and with it the copies' submission.
@@ -104,8 +104,7 @@ class _Stream:
         return done
 
     def poll(self) -> None:
-        while self.done < self.enqueued and self.events[self.done + 1].query():
-            self.done += 1
+        self.done = self.finished()
 
     def enqueue(self) -> None:
         """The next step, once the GPU is at most AHEAD behind."""
@@ -189,8 +188,8 @@ def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = 
                 if not active.is_alive():
                     collect()
             if active is None:
-                p = _phase_at(stream.done, window_starts, span, margin)  # step `done` is running
-                if p is not None and phases[p] is not None and p not in spans:
+                p = stream.done // span  # phase p: its margin, then its window; step `done` runs
+                if p < len(phases) and phases[p] is not None and p not in spans:
                     active = _Feeder(p, sources[phases[p]](), stream)
                     active.start()
             if stream.done >= until_done:
@@ -231,10 +230,3 @@ def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = 
                          sum(w["dry_steps"] for w in ws))
             for name, ws in results.items()}
 
-
-def _phase_at(step: int, window_starts: Sequence[int], span: int, margin: int) -> int | None:
-    """The phase whose margin or window holds ``step``."""
-    for p, start in enumerate(window_starts):
-        if start - margin <= step < start + span - margin:
-            return p
-    return None
