@@ -123,8 +123,9 @@ def test_a_source_that_raises_stops_the_measurement_with_its_error():
 
 @pytest.mark.parametrize("bad, match", [(dict(steps=0), "steps: must be >= 1, got 0"),
                                         (dict(rounds=0), "rounds: must be >= 1, got 0"),
-                                        (dict(margin=1), "margin: must be >= 2, got 1")])
+                                        (dict(margin=1), "margin: must be >= 2, got 1"),
+                                        (dict(rounds=1.5), "rounds: expected an int, got float")])
 def test_bad_arguments_are_named(bad, match):
     args = dict(steps=10, rounds=1, margin=4) | bad
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((ValueError, TypeError), match=match):
         meter.measure(FakeLoop(), {"a": lambda: None}, **args)

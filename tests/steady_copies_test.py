@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from kvoffload.steady_copies import WorkerCopies
+from kvoffload.steady_copies import BulkCopies, WorkerCopies
 
 
 class FakeWorker:
@@ -84,3 +84,29 @@ def test_a_failed_job_raises():
 def test_a_bad_direction_is_named():
     with pytest.raises(ValueError, match="direction: expected one of"):
         WorkerCopies(FakeWorker(0), {}, "sideways")
+
+
+@pytest.mark.parametrize("jobs, direction, match", [
+    ({"store": []}, "store", r"jobs\['store'\]: expected \(GPU spec, CPU spec\) pairs"),
+    ({"store": [(1, "c")]}, "both", r"jobs\['load'\]: expected"),
+])
+def test_missing_jobs_are_named(jobs, direction, match):
+    with pytest.raises(ValueError, match=match):
+        WorkerCopies(FakeWorker(0), jobs, direction)
+
+
+@pytest.mark.parametrize("depth, error", [(0, ValueError), (-3, ValueError), (True, TypeError), (2.0, TypeError)])
+def test_a_bad_depth_is_named(depth, error):
+    with pytest.raises(error, match="depth: "):
+        WorkerCopies(FakeWorker(0), {"store": [(1, "c")]}, "store", depth)
+
+
+@pytest.mark.parametrize("args, match", [(dict(job_bytes=0), "job_bytes: must be >= 1"),
+                                         (dict(depth=0), "depth: must be >= 1"),
+                                         (dict(direction="up"), "direction: expected one of")])
+def test_bulk_copies_check_their_arguments_before_allocating(args, match):
+    class NoTorch:  # any allocation would fail on this
+        pass
+
+    with pytest.raises((ValueError, TypeError), match=match):
+        BulkCopies(NoTorch(), **(dict(direction="store") | args))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 
+from kvoffload.planner import _require_int
+
 DIRECTIONS = ("store", "load", "both")
 
 
@@ -20,9 +22,11 @@ class BulkCopies:
     what the link moves with nothing but large DMA."""
 
     def __init__(self, torch, direction: str, job_bytes: int = 256 << 20, depth: int = 2, device="cuda"):
-        self.torch, self.depth = torch, depth
+        directions = _directions(direction)
+        _require_int("job_bytes", job_bytes, 1)
+        self.torch, self.depth = torch, _require_int("depth", depth, 1)
         self.lanes = {}
-        for d in _directions(direction):
+        for d in directions:
             host = torch.empty(job_bytes, dtype=torch.uint8, pin_memory=True)
             gpu = torch.empty(job_bytes, dtype=torch.uint8, device=device)
             src, dst = (gpu, host) if d == "store" else (host, gpu)
@@ -61,8 +65,13 @@ class WorkerCopies:
     _ids = itertools.count(1 << 40)  # job ids unique across sources in one process
 
     def __init__(self, worker, jobs: dict[str, list], direction: str, depth: int = 2):
-        self.worker, self.depth = worker, depth
-        self.specs = {d: itertools.cycle(jobs[d]) for d in _directions(direction)}
+        directions = _directions(direction)
+        for d in directions:
+            if not jobs.get(d):
+                raise ValueError(f"jobs[{d!r}]: expected (GPU spec, CPU spec) pairs for a {direction!r} "
+                                 f"source, got {jobs.get(d)!r}")
+        self.worker, self.depth = worker, _require_int("depth", depth, 1)
+        self.specs = {d: itertools.cycle(list(jobs[d])) for d in directions}
         self.flying: dict[str, set] = {d: set() for d in self.specs}
         self.direction_of: dict[int, str] = {}
         self.moved = 0
