@@ -7,7 +7,8 @@ requests. Run by the venv's python, with kvoffload on PYTHONPATH:
 Options (see RunOptions): the model (``hybrid``: a sliding-window layer beside a full
 one), offloading on or off, GPU blocks, the workload, and what is done to kvoffload in
 the engine: ``poison`` overwrites the pool before the last pass, ``fail_loads`` makes
-every load job fail inside kvoffload's lanes. The result holds each pass's tokens, vLLM's
+every load job fail inside kvoffload's lanes; ``tier`` runs KVOffloadTieringSpec with
+vLLM's ``fs`` tier, whose files ``poison_tier`` overwrites before the last pass. The result holds each pass's tokens, vLLM's
 metrics (``LLM.get_metrics``), kvoffload's own tally of the jobs it finished, and the
 error the engine raised, if any.
 
@@ -43,6 +44,8 @@ class RunOptions:
     multiprocessing: bool = False
     load_failure_policy: str | None = None
     max_num_seqs: int | None = None
+    tier: bool = False  # KVOffloadTieringSpec with vLLM's fs tier on tier_dir
+    poison_tier: bool = False  # overwrite the fs tier's files before the last pass
 
 
 def write_model(model_dir: str, hybrid: bool) -> None:
@@ -121,6 +124,11 @@ def workload(name: str):
                   for i in range(24)]
         # Staggered lengths: requests finish, and others start (and load), step after step.
         return [first, second], [2 + i % 7 for i in range(24)]
+    if name == "tier":
+        # 6 prompts of 8 blocks each, none shared, on a CPU pool of 16 blocks: the
+        # second pass finds the first prompts' blocks only in the fs tier.
+        prompts = [_tokens(rng, 8 * BLOCK_SIZE + 10) for _ in range(6)]
+        return [prompts, prompts], 8
     if name == "preempt":
         # 6 requests of 2 prompt blocks growing to 5 blocks, on a GPU cache of fewer.
         prompts = [_tokens(rng, 2 * BLOCK_SIZE) for _ in range(6)]
@@ -203,18 +211,50 @@ def _spec_classes():
             _fail_loads(worker.handler)
             return worker
 
-    return RecordingSpec, FailingLoadsSpec
+    from kvoffload.vllm.tiering import KVOffloadTieringSpec
+
+    class RecordingTieringSpec(KVOffloadTieringSpec):
+        """KVOffloadTieringSpec that keeps its worker where this run can reach it."""
+
+        def create_worker(self, kv_caches):
+            worker = super().create_worker(kv_caches)
+            WORKERS.append(worker)
+            TALLY.wrap(worker.handler)
+            return worker
+
+    return RecordingSpec, FailingLoadsSpec, RecordingTieringSpec
 
 
+SPEC_NAMES = ("RecordingSpec", "FailingLoadsSpec", "RecordingTieringSpec")
 _SPECS = {}
 
 
 def __getattr__(name):  # vLLM finds the specs here by name (kvoffload.vllm loads on first use)
-    if name in ("RecordingSpec", "FailingLoadsSpec"):
+    if name in SPEC_NAMES:
         if not _SPECS:
-            _SPECS.update(zip(("RecordingSpec", "FailingLoadsSpec"), _spec_classes()))
+            _SPECS.update(zip(SPEC_NAMES, _spec_classes()))
         return _SPECS[name]
     raise AttributeError(name)
+
+
+def tier_dir(opts: "RunOptions") -> str:
+    return os.path.join(os.path.dirname(opts.model_dir), "fs_tier")
+
+
+def _poison_tier(root: str) -> int:
+    """Overwrites every block file of the fs tier with random bytes of its size; returns
+    how many files it overwrote."""
+    rng = random.Random(1)
+    count = 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if name.endswith(".bin"):
+                path = os.path.join(folder, name)
+                size = os.path.getsize(path)
+                with open(path, "r+b") as f:
+                    f.write(rng.randbytes(size))
+                count += 1
+    return count
 
 
 def _metrics(llm) -> dict:
@@ -237,14 +277,19 @@ def run(opts: RunOptions) -> dict:
     write_model(opts.model_dir, opts.hybrid)
     kwargs = {}
     if opts.offload:
-        spec = "FailingLoadsSpec" if opts.fail_loads else "RecordingSpec"
+        spec = ("FailingLoadsSpec" if opts.fail_loads else
+                "RecordingTieringSpec" if opts.tier else "RecordingSpec")
         extra = {}
         if opts.load_failure_policy is not None:
             extra["kv_load_failure_policy"] = opts.load_failure_policy
+        connector = {"spec_name": spec, "spec_module_path": "vllm_engine_run",
+                     "cpu_bytes_to_use": opts.cpu_bytes}
+        if opts.tier:
+            connector["secondary_tiers"] = [{"type": "fs", "root_dir": tier_dir(opts),
+                                             "n_read_threads": 2, "n_write_threads": 2}]
         kwargs["kv_transfer_config"] = KVTransferConfig(
             kv_connector="OffloadingConnector", kv_role="kv_both",
-            kv_connector_extra_config={"spec_name": spec, "spec_module_path": "vllm_engine_run",
-                                       "cpu_bytes_to_use": opts.cpu_bytes}, **extra)
+            kv_connector_extra_config=connector, **extra)
     # 2 layers of K and V, 32 tokens of 2 heads of 64 float32s: 64 KiB a block.
     blocks = opts.gpu_blocks if opts.gpu_blocks is not None else 1024
     kwargs.update(num_gpu_blocks_override=blocks, kv_cache_memory_bytes=blocks * BLOCK_BYTES,
@@ -269,6 +314,8 @@ def run(opts: RunOptions) -> dict:
 
                 pool = WORKERS[0].handler.pool.tensor
                 pool.view(torch.float32).copy_(torch.randn(pool.numel() // 4, generator=torch.Generator().manual_seed(1)))
+            if opts.poison_tier and i == len(passes) - 1:
+                result["tier_files_poisoned"] = _poison_tier(tier_dir(opts))
             outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
             result["passes"].append([list(o.outputs[0].token_ids) for o in outs])
             result.setdefault("finish_reasons", []).append([o.outputs[0].finish_reason for o in outs])

@@ -11,6 +11,9 @@ with Bazel's build of kvoffload on its PYTHONPATH. Each engine runs in a process
   jobs, external prefix-cache hits) equal kvoffload's own account of its jobs.
 - A hybrid model: a sliding-window layer beside a full-attention one, so two KV-cache
   groups (vLLM's hybrid KV-cache manager runs on the CPU build): the same checks.
+- vLLM's tiering (KVOffloadTieringSpec) with its ``fs`` tier on a temporary folder:
+  blocks evicted from kvoffload's pool to disk are promoted back and give the same
+  tokens; overwritten tier files change them.
 - A load that kvoffload reports failed: vLLM's OffloadingConnector does not support job
   failures (``assert transfer_result.success`` in its worker's get_finished, 0.32 and
   0.33 alike), so the engine dies and generate() raises EngineDeadError, whatever
@@ -154,6 +157,29 @@ def test_many_requests_on_shared_prefixes_agree_with_the_connector_stats():
     assert own["overlaps"] > 0, "no job was submitted while one of the other direction was in flight"
     _assert_stats_agree(on)
     assert m["vllm:kv_offload_load_bytes"] == m["vllm:external_prefix_cache_hits"] * BLOCK_BYTES // BLOCK_SIZE
+
+
+def test_blocks_evicted_to_the_fs_tier_come_back_with_the_same_tokens():
+    # KVOffloadTieringSpec: 6 prompts of 8 blocks on a CPU pool of 16, vLLM's fs tier
+    # behind it, 2 requests at a time. Pass 2 finds the first prompts' blocks only on
+    # disk: vLLM promotes them into kvoffload's pool (its SharedOffloadRegion), and
+    # kvoffload loads them. Overwriting the tier's files before pass 2 changes the tokens.
+    options = dict(workload="tier", cpu_bytes=16 * BLOCK_BYTES, max_num_seqs=2)
+    base = _succeeded(run(offload=False, **options))
+    on = _succeeded(run(tier=True, **options))
+    poisoned = _succeeded(run(tier=True, poison_tier=True, **options))
+    assert on["passes"] == base["passes"]
+    m = on["metrics"]
+    assert m["vllm:kv_offload_tiering_write_bytes"] >= 6 * 8 * BLOCK_BYTES * 0.5, m
+    assert m["vllm:kv_offload_tiering_read_bytes"] > 0, "nothing was promoted from the fs tier"
+    assert on["worker"]["pool_bytes"] == 16 * BLOCK_BYTES
+    _assert_stats_agree(on)
+    # Every byte promoted from disk reached the GPU through kvoffload's loads.
+    assert m["vllm:kv_offload_load_bytes"] >= m["vllm:kv_offload_tiering_read_bytes"]
+    assert poisoned["tier_files_poisoned"] >= 6 * 8 * 0.5
+    assert poisoned["passes"][0] == base["passes"][0]
+    assert _differ(poisoned["passes"][1], base["passes"][1]) > 0, \
+        "overwritten tier files left every token unchanged: the promoted blocks were not used"
 
 
 @pytest.mark.parametrize("policy", ["recompute", "fail"])

@@ -136,7 +136,7 @@ def _region_pool(kv_caches, blocks_per_chunk, num_chunks, region):
     if not tensors:
         raise ValueError("kv_caches.tensors: no tensors to offload")
     gpu = [_block_view(t, f"kv_caches.tensors[{i}]") for i, t in enumerate(tensors)]
-    slot = region.cpu_page_size
+    slot = _slot_bytes(region)
     need = blocks_per_chunk * sum(t.page_size_bytes for t in tensors)
     if need > slot:
         raise ValueError(
@@ -154,7 +154,7 @@ def _region_pool(kv_caches, blocks_per_chunk, num_chunks, region):
 
 
 def _check_pool(kv_caches, blocks_per_chunk, num_chunks, region, tensors, gpu, views, need):
-    slot = region.cpu_page_size
+    slot = _slot_bytes(region)
     gpu_groups, pages = group_tensors(kv_caches, gpu)
     if blocks_per_chunk > 1:
         for g, refs in enumerate(kv_caches.group_data_refs):
@@ -202,6 +202,12 @@ def _check_pool(kv_caches, blocks_per_chunk, num_chunks, region, tensors, gpu, v
         why.append(f"kvoffload's pool needs {nbytes} bytes, {available} are left in the region")
     raise ValueError("kv_caches: kvoffload's pool cannot lay its chunks out as vLLM's "
                      "SharedOffloadRegion does: " + "; ".join(why))
+
+
+def _slot_bytes(region) -> int:
+    """This worker's bytes in each chunk row (vLLM 0.32's region keeps only its bounds)."""
+    slot = getattr(region, "cpu_page_size", None)
+    return slot if slot is not None else region._worker_area_end - region._worker_offset
 
 
 def _first_mismatch(kv_caches, views, where):
