@@ -16,10 +16,11 @@ COPTS = [
     "-Wall",
 ]
 
-# nvcc: the same standard and optimization, which it also hands to the host compiler.
+# nvcc: the same standard, optimization and warnings, handed to the host compiler too.
 _NVCC_COPTS = [
     "-std=" + CXX_STANDARD,
     _OPTIMIZATION,
+    "-Xcompiler=-Wall",
 ]
 
 def _include_flags(compilation_context):
