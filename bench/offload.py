@@ -82,7 +82,10 @@ def submit(handler, specs, direction, first_id=0):
     """Submits the jobs with ids (direction, first_id + i); returns the ids."""
     ids = [(direction, first_id + i) for i in range(len(specs))]
     for job_id, (gpu, cpu) in zip(ids, specs):
-        handler.transfer_async(job_id, *((gpu, cpu) if direction == "store" else (cpu, gpu)))
+        if direction == "store":
+            handler.store(job_id, gpu, cpu)
+        else:
+            handler.load(job_id, cpu, gpu)
     return ids
 
 
@@ -194,7 +197,7 @@ def beside(torch, loop, handler, specs, direction, nbytes, alone_seconds):
 
 
 def submit_cost_row(torch, rng, bpc, method):
-    """Host seconds inside transfer_async for a 1 GiB job of 4 KiB pages (one tensor of
+    """Host seconds inside store/load for a 1 GiB job of 4 KiB pages (one tensor of
     2^18 blocks, chunks of bpc blocks at random), median of 5: stores submitted alone, and
     stores and loads in turn with a job of the other lane in flight (its accesses are
     then recorded and this job's checked against them)."""
@@ -205,7 +208,10 @@ def submit_cost_row(torch, rng, bpc, method):
     def timed_submit(job_id, load):
         gpu, cpu = GPUSpec(rng.permutation(blocks), [blocks], [0]), CPUSpec(rng.permutation(blocks // bpc))
         start = time.perf_counter()
-        handler.transfer_async(job_id, *((cpu, gpu) if load else (gpu, cpu)))
+        if load:
+            handler.load(job_id, cpu, gpu)
+        else:
+            handler.store(job_id, gpu, cpu)
         return time.perf_counter() - start
 
     alone, busy = [], []

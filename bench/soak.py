@@ -88,10 +88,10 @@ def main(argv):
         ids, chunk_ids = rng.permutation(blocks)[:n], rng.permutation(chunks)[:n]
         gpu, cpu = GPUSpec(ids, [n], [0]), CPUSpec(chunk_ids)
         if rng.random() < 0.5:
-            handler.transfer_async(submitted, gpu, cpu)
+            handler.store(submitted, gpu, cpu)
             cpu_model[chunk_ids] = gpu_model[ids]
         else:
-            handler.transfer_async(submitted, cpu, gpu)
+            handler.load(submitted, cpu, gpu)
             gpu_model[ids] = cpu_model[chunk_ids]
         pending.append(submitted)
         submitted += 1

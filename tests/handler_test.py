@@ -57,8 +57,8 @@ def test_a_load_right_after_a_store_of_the_same_chunks_reads_the_stored_bytes():
     for trial in range(20):
         chunks = rng.permutation(40)[:32]
         stored, loaded = rng.permutation(64)[:32], rng.permutation(64)[:32]
-        assert handler.transfer_async(("s", trial), GPUSpec(stored, [32], [0]), CPUSpec(chunks))
-        assert handler.transfer_async(("l", trial), CPUSpec(chunks), GPUSpec(loaded, [32], [0]))
+        assert handler.store(("s", trial), GPUSpec(stored, [32], [0]), CPUSpec(chunks))
+        assert handler.load(("l", trial), CPUSpec(chunks), GPUSpec(loaded, [32], [0]))
         model.store(stored, [32], [0], chunks)
         model.load(loaded, [32], [0], chunks)
         handler.wait([("s", trial), ("l", trial)])
@@ -108,9 +108,27 @@ def test_bad_jobs_raise_before_anything_is_submitted():
     assert handler.get_finished() == [] and torch.equal(handler.pool.tensor, before)
     check(handler, model)
     handler.shutdown()
-    for call in (lambda: handler.transfer_async("c", *store), lambda: handler.wait(["a"])):
+    for call in (lambda: handler.transfer_async("c", *store), lambda: handler.store("c", *store),
+                 lambda: handler.wait(["a"])):
         with pytest.raises(RuntimeError, match=r"the handler is shut down"):
             call()
+
+
+def test_store_and_load_name_the_spec_they_were_given_in_the_wrong_place():
+    handler, model = small_handler()
+    gpu, cpu = GPUSpec([0, 1], [2], [0]), CPUSpec([0])
+    before = handler.pool.tensor.clone()
+    for call, message in [(lambda: handler.store("a", cpu, gpu), r"gpu: expected a GPUSpec, got CPUSpec"),
+                          (lambda: handler.store("a", gpu, gpu), r"cpu: expected a CPUSpec, got GPUSpec"),
+                          (lambda: handler.load("a", gpu, cpu), r"gpu: expected a GPUSpec, got CPUSpec"),
+                          (lambda: handler.load("a", cpu, [0, 1]), r"gpu: expected a GPUSpec, got list")]:
+        with pytest.raises(TypeError, match=message):
+            call()
+    with pytest.raises(ValueError, match=r"expedite: only for loads"):
+        handler.load("a", cpu, gpu, expedite=True)  # made without expedited_loads
+    assert handler.get_finished() == [] and torch.equal(handler.pool.tensor, before)
+    check(handler, model)
+    handler.shutdown()
 
 
 def test_a_failure_mid_job_fails_that_job_only(monkeypatch):

@@ -148,7 +148,7 @@ class Tally:
         self._in_flight = {"store": set(), "load": set()}
 
     def wrap(self, handler):
-        get_finished, transfer_async = handler.get_finished, handler.transfer_async
+        get_finished = handler.get_finished
 
         def counted():
             results = get_finished()
@@ -160,17 +160,18 @@ class Tally:
                 self._in_flight[d].discard(r.job_id)
             return results
 
-        def submitted(job_id, src_spec, dst_spec, **kwargs):
-            from kvoffload.planner import GPUSpec
+        def submitted(d, other, submit):
+            def counted_submit(job_id, *args, **kwargs):
+                self.overlaps += bool(self._in_flight[other])
+                accepted = submit(job_id, *args, **kwargs)
+                if accepted:
+                    self._in_flight[d].add(job_id)
+                return accepted
+            return counted_submit
 
-            d, other = ("store", "load") if isinstance(src_spec, GPUSpec) else ("load", "store")
-            self.overlaps += bool(self._in_flight[other])
-            accepted = transfer_async(job_id, src_spec, dst_spec, **kwargs)
-            if accepted:
-                self._in_flight[d].add(job_id)
-            return accepted
-
-        handler.get_finished, handler.transfer_async = counted, submitted
+        handler.get_finished = counted
+        handler.store = submitted("store", "load", handler.store)
+        handler.load = submitted("load", "store", handler.load)
 
 
 WORKERS = []

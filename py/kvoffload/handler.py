@@ -101,6 +101,13 @@ def bpc_bytes(layout, tensor) -> int:
     return layout.blocks_per_chunk * tensor.page_bytes
 
 
+def _check_specs(gpu, cpu) -> None:
+    if not isinstance(gpu, GPUSpec):
+        raise TypeError(f"gpu: expected a GPUSpec, got {type(gpu).__name__}")
+    if not isinstance(cpu, CPUSpec):
+        raise TypeError(f"cpu: expected a CPUSpec, got {type(cpu).__name__}")
+
+
 def _one_id(job_ids) -> bool:
     """A string or tuple is one job id, as is anything not iterable; lists, sets and
     other iterables are several."""
@@ -270,23 +277,38 @@ class OffloadHandler:
         self._finished: dict[Hashable, TransferResult] = {}  # not yet collected
         self._closing = self._closed = False
 
+    def store(self, job_id: Hashable, gpu: GPUSpec, cpu: CPUSpec) -> bool:
+        """Submits a job copying the GPU blocks ``gpu`` to the CPU chunks ``cpu`` and
+        returns at once: True if submitted, False if it failed at once (get_finished()
+        reports it). Raises before submitting anything on a job id in flight or not yet
+        collected, specs that do not fit the layout or copies outside the registered
+        memory, or after shutdown."""
+        _check_specs(gpu, cpu)
+        return self._transfer(job_id, Direction.STORE, gpu, cpu, False)
+
+    def load(self, job_id: Hashable, cpu: CPUSpec, gpu: GPUSpec, expedite: bool = False) -> bool:
+        """Submits a job copying the CPU chunks ``cpu`` to the GPU blocks ``gpu``, as
+        store() does; ``expedite`` puts it on the expedited lane (expedited_loads=True).
+        False: it failed at once (a load of partial chunks)."""
+        _check_specs(gpu, cpu)
+        return self._transfer(job_id, Direction.LOAD, gpu, cpu, expedite)
+
     def transfer_async(self, job_id: Hashable, src_spec: GPUSpec | CPUSpec,
                        dst_spec: GPUSpec | CPUSpec, expedite: bool = False) -> bool:
-        """Plans and submits a job and returns at once: True if submitted, False if it
-        failed at once (a load of partial chunks; get_finished() reports it). Raises
-        before submitting anything on a job id in flight or not yet collected, specs
-        that do not fit the layout or copies outside the registered memory, or after
-        shutdown."""
+        """store() for (GPUSpec, CPUSpec), load() for (CPUSpec, GPUSpec): vLLM's older
+        verb, for callers that hold the direction in the specs' types."""
+        if isinstance(src_spec, GPUSpec) and isinstance(dst_spec, CPUSpec):
+            return self._transfer(job_id, Direction.STORE, src_spec, dst_spec, expedite)
+        if isinstance(src_spec, CPUSpec) and isinstance(dst_spec, GPUSpec):
+            return self._transfer(job_id, Direction.LOAD, dst_spec, src_spec, expedite)
+        raise TypeError("src_spec, dst_spec: expected (GPUSpec, CPUSpec) for a store or "
+                        "(CPUSpec, GPUSpec) for a load")
+
+    def _transfer(self, job_id: Hashable, direction: Direction, gpu: GPUSpec, cpu: CPUSpec,
+                  expedite: bool) -> bool:
         self._check_process()
         if self._pages is not None:  # page jobs check no copies (the registry's check_copies does)
             self.registry.check_tensors()
-        if isinstance(src_spec, GPUSpec) and isinstance(dst_spec, CPUSpec):
-            direction, gpu, cpu = Direction.STORE, src_spec, dst_spec
-        elif isinstance(src_spec, CPUSpec) and isinstance(dst_spec, GPUSpec):
-            direction, gpu, cpu = Direction.LOAD, dst_spec, src_spec
-        else:
-            raise TypeError("src_spec, dst_spec: expected (GPUSpec, CPUSpec) for a store or "
-                            "(CPUSpec, GPUSpec) for a load")
         self._wait_for_pinning(gpu, cpu, job_id)  # before the lock: other threads' calls go on
         with self._lock:
             self._start_unstarted()

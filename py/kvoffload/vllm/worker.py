@@ -10,6 +10,7 @@ Stores, loads and expedited loads run on lanes of their own.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 
@@ -86,18 +87,19 @@ class KVOffloadWorker(OffloadingWorker):
 
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
         gpu, cpu = _specs("submit_store", job_id, src_spec, "src_spec", dst_spec, "dst_spec")
-        return self._submit("submit_store", job_id, gpu, cpu, False,
+        return self._submit("submit_store", job_id, functools.partial(self.handler.store, job_id, gpu, cpu),
                             {"block_ids": "src_spec.block_ids", "chunk_ids": "dst_spec.block_ids"})
 
     def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec,
                     expedited: bool = False) -> bool:
         gpu, cpu = _specs("submit_load", job_id, dst_spec, "dst_spec", src_spec, "src_spec")
-        return self._submit("submit_load", job_id, cpu, gpu, expedited,
+        return self._submit("submit_load", job_id,
+                            functools.partial(self.handler.load, job_id, cpu, gpu, expedite=expedited),
                             {"block_ids": "dst_spec.block_ids", "chunk_ids": "src_spec.block_ids"})
 
-    def _submit(self, verb, job_id, src, dst, expedited, fields) -> bool:
+    def _submit(self, verb, job_id, submit, fields) -> bool:
         try:
-            return self.handler.transfer_async(job_id, src, dst, expedite=expedited)
+            return submit()
         except (TypeError, ValueError) as e:
             spec = "src_spec" if verb == "submit_store" else "dst_spec"
             fields = {**fields, "group_sizes": f"{spec}.group_sizes",
