@@ -175,7 +175,7 @@ def test_release_while_pinning_in_the_background(monkeypatch):
 
 def plan(cpu, sizes):
     cpu, sizes = np.array(cpu, np.int64), np.array(sizes, np.int64)
-    return TransferPlan(cpu + (1 << 40), cpu, sizes, int(sizes.sum()), len(sizes))
+    return TransferPlan(cpu + (1 << 40), cpu, sizes, int(sizes.sum()))
 
 
 def test_jobs_are_refused_until_their_chunks_are_pinned(monkeypatch):

@@ -473,6 +473,22 @@ class PyPageTable {
                           ToNumpy(std::move(size)));
   }
 
+  // One copy per page, pages of one tensor merged where they continue on both sides
+  // (BuildPageDma): the copies of every method that plans on the host.
+  nb::tuple PageCopies(const PreparedJob& prepared) const {
+    RequireOwn(prepared);
+    const PageJob job = prepared.ids.Job();
+    PageDma copies;
+    {
+      nb::gil_scoped_release release;
+      std::vector<Segment> segments;
+      BuildSegments(layout_, job, segments);
+      BuildPageDma(layout_, job.block_ids, segments, copies);
+    }
+    return nb::make_tuple(ToNumpy(std::move(copies.gpu)), ToNumpy(std::move(copies.host)),
+                          ToNumpy(std::move(copies.size)));
+  }
+
   // `checked`: ids that prepare checked (the job's own snapshot).
   CopyResult Copy(const JobIds& ids, bool load, nb::handle stream_obj,
                   const PageCopyOptions& options, bool checked = false) {
@@ -681,6 +697,11 @@ NB_MODULE(_C, m) {
              nb::handle cpu_offset) { return t.Keys(job, gpu_offset, cpu_offset); },
           nb::arg("job"), nb::arg("gpu_offset"), nb::arg("cpu_offset"),
           "(gpu_keys, cpu_keys) of a prepared job, as JobKeys numbers them.")
+      .def(
+          "page_copies", [](const PyPageTable& t, const PreparedJob& job) { return t.PageCopies(job); },
+          nb::arg("job"),
+          "(gpu, host, size) of a prepared job: a copy per page, those of one tensor merged where "
+          "they continue on both sides and no registration edge lies between.")
       .def(
           "unit_copies",
           [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i) {

@@ -48,9 +48,9 @@ from kvoffload.host_pool import (HostPool, PoolOptions, chunk_runs, chunks_reach
                                  tensor_owners)
 from kvoffload.lane_accesses import LaneAccesses, LazyKeys
 from kvoffload.lane_conflicts import LaneConflicts
-from kvoffload.page_table import ChunkParts, job_arguments, key_offsets, page_table
+from kvoffload.page_table import ChunkParts, job_arguments, key_offsets, page_table, transfer_plan
 from kvoffload.ordering import PendingWrites, safe_order
-from kvoffload.planner import (CPUSpec, GPUSpec, _require_int, check_shared, chunks_used, plan_transfer,
+from kvoffload.planner import (CPUSpec, GPUSpec, _require_int, check_shared, chunks_used,
                                tensor_pages)
 from kvoffload.batch_copy import batch_entry_point_version, host_copy, load_kernels
 from kvoffload.copy_methods import copy_method
@@ -321,12 +321,12 @@ class OffloadHandler:
             ids = job_arguments(gpu, cpu)
             # Checks the ids (the page methods' only check, besides shared tensors).
             prepared = self._table.prepare(*ids)
+            check_shared(self.layout, gpu, cpu)
             if self._pages is not None:
-                check_shared(self.layout, gpu, cpu)
                 nbytes = sum(n * t.page_bytes for n, group in zip(gpu.group_sizes, self.layout.groups)
                              for t in group.tensors)
             else:
-                plan = self.pool.split_plan(plan_transfer(self.layout, gpu, cpu))
+                plan = self.pool.split_plan(transfer_plan(self._table, prepared))
                 nbytes = plan.total_bytes
             used = [chunks_used(n, b, self.layout.blocks_per_chunk)
                     for n, b in zip(gpu.group_sizes, gpu.block_indices)]

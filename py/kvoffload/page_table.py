@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 
 from kvoffload import _C
-from kvoffload.planner import CPUSpec, GPUSpec, KVLayout
+from kvoffload.planner import CPUSpec, GPUSpec, KVLayout, TransferPlan
 
 PageTable = _C.PageTable
 UNIT_BYTES = _C.PAGE_UNIT_BYTES
@@ -116,3 +116,10 @@ class ChunkParts:
 def job_arguments(gpu: GPUSpec, cpu: CPUSpec) -> tuple:
     """(block_ids, chunk_ids, group_sizes, block_indices), as the table's calls take them."""
     return gpu.block_ids, cpu.chunk_ids, list(gpu.group_sizes), list(gpu.block_indices)
+
+
+def transfer_plan(table: PageTable, job) -> TransferPlan:
+    """The copies of a job ``table.prepare`` checked (PageTable.page_copies), as the
+    methods that plan on the host take them."""
+    gpu, host, size = table.page_copies(job)
+    return TransferPlan(gpu, host, size, int(size.sum()))

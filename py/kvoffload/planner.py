@@ -1,4 +1,4 @@
-"""Multi-group KV-cache transfers into copy descriptors.
+"""Multi-group KV-cache layouts and the specs of a transfer.
 
 A KV cache is a list of groups (KVLayout); a group has tensors (one per layer, or per
 layer and K/V) that share a block count on the GPU and a chunk count on the CPU. GPU
@@ -11,7 +11,8 @@ A transfer names GPU blocks and CPU chunks as vLLM's offload worker does (GPUSpe
 CPUSpec). For group g with n blocks whose first logical index is b, the first
 ``skip = b % blocks_per_chunk`` sub-blocks of its first chunk are left alone: block i
 goes to chunk ``(skip + i) // blocks_per_chunk``, sub-block ``(skip + i) % blocks_per_chunk``.
-One TransferPlan serves both directions, store (GPU -> CPU) and load (CPU -> GPU).
+The ids become addresses in one place, kvoffload._C.PageTable (kvoffload.page_table);
+one TransferPlan serves both directions, store (GPU -> CPU) and load (CPU -> GPU).
 """
 
 from __future__ import annotations
@@ -315,7 +316,6 @@ class TransferPlan:
     cpu: np.ndarray
     sizes: np.ndarray
     total_bytes: int
-    uncoalesced_descriptors: int
 
     @property
     def descriptors(self) -> int:
@@ -335,19 +335,6 @@ def chunks_used(num_blocks: int, first_index: int, blocks_per_chunk: int) -> int
     if num_blocks == 0:
         return 0
     return -(-(num_blocks + first_index % blocks_per_chunk) // blocks_per_chunk)
-
-
-def _check_ids(name: str, ids: np.ndarray, offset: int, limit: int, group: int) -> None:
-    bad = (ids < 0) | (ids >= limit)
-    if bad.any():
-        k = int(np.argmax(bad))
-        raise ValueError(f"group {group}: {name}[{offset + k}] = {ids[k]} is out of range "
-                         f"[0, {limit})")
-    order = np.argsort(ids, kind="stable")
-    repeated = np.flatnonzero(ids[order][1:] == ids[order][:-1])
-    if repeated.size:
-        k = int(order[repeated[0] + 1])
-        raise ValueError(f"group {group}: {name}[{offset + k}] = {ids[k]} appears twice")
 
 
 def _check_shared(name: str, ids: np.ndarray, counts, alias: tuple[int, ...], side: str) -> None:
@@ -370,58 +357,3 @@ def check_shared(layout: KVLayout, gpu: GPUSpec, cpu: CPUSpec) -> None:
     used = [chunks_used(n, b, bpc) for n, b in zip(gpu.group_sizes, gpu.block_indices)]
     _check_shared("block_ids", gpu.block_ids, gpu.group_sizes, layout.gpu_alias, "GPU")
     _check_shared("chunk_ids", cpu.chunk_ids, used, layout.cpu_alias, "CPU")
-
-
-def _coalesce(gpu: np.ndarray, cpu: np.ndarray, sizes: np.ndarray):
-    """Merges each copy that continues the previous one on both sides."""
-    if len(sizes) < 2:
-        return gpu, cpu, sizes
-    continues = (gpu[1:] == gpu[:-1] + sizes[:-1]) & (cpu[1:] == cpu[:-1] + sizes[:-1])
-    starts = np.flatnonzero(np.concatenate(([True], ~continues)))
-    return gpu[starts], cpu[starts], np.add.reduceat(sizes, starts)
-
-
-def plan_transfer(layout: KVLayout, gpu: GPUSpec, cpu: CPUSpec, coalesce: bool = True) -> TransferPlan:
-    """The copy descriptors of a transfer, validated: ids in range and used once per group.
-
-    Raises ValueError naming the group and the index at fault.
-    """
-    groups = len(layout.groups)
-    if len(gpu.group_sizes) != groups:
-        raise ValueError(f"group_sizes: has {len(gpu.group_sizes)} groups but the layout has "
-                         f"{groups}")
-    bpc = layout.blocks_per_chunk
-    used = [chunks_used(n, b, bpc) for n, b in zip(gpu.group_sizes, gpu.block_indices)]
-    if sum(used) != len(cpu.chunk_ids):
-        raise ValueError(f"chunk_ids: has {len(cpu.chunk_ids)} ids but the groups use "
-                         f"{sum(used)} chunks ({', '.join(map(str, used))})")
-
-    gpu_parts, cpu_parts, size_parts = [], [], []
-    block_at, chunk_at = 0, 0
-    for g, group in enumerate(layout.groups):
-        n = gpu.group_sizes[g]
-        ids = gpu.block_ids[block_at : block_at + n]
-        chunks = cpu.chunk_ids[chunk_at : chunk_at + used[g]]
-        _check_ids("block_ids", ids, block_at, group.num_gpu_blocks, g)
-        _check_ids("chunk_ids", chunks, chunk_at, group.num_cpu_chunks, g)
-        block_at += n
-        chunk_at += used[g]
-        if n == 0 or not group.tensors:
-            continue
-        position = gpu.block_indices[g] % bpc + np.arange(n, dtype=np.int64)
-        page = group.column("page_bytes")
-        gpu_parts.append((group.column("gpu_base") + ids * group.column("gpu_stride")).ravel())
-        cpu_parts.append((group.column("cpu_base") + chunks[position // bpc] * group.column("cpu_stride")
-                          + (position % bpc) * page).ravel())
-        size_parts.append(np.broadcast_to(page, (len(page), n)).ravel())
-
-    check_shared(layout, gpu, cpu)
-    empty = np.zeros(0, dtype=np.int64)
-    gpu_addr = np.concatenate(gpu_parts) if gpu_parts else empty
-    cpu_addr = np.concatenate(cpu_parts) if cpu_parts else empty
-    sizes = np.concatenate(size_parts) if size_parts else empty
-    uncoalesced = len(sizes)
-    if coalesce:
-        gpu_addr, cpu_addr, sizes = _coalesce(gpu_addr, cpu_addr, sizes)
-    return TransferPlan(np.ascontiguousarray(gpu_addr), np.ascontiguousarray(cpu_addr),
-                        np.ascontiguousarray(sizes), int(sizes.sum()), uncoalesced)
