@@ -1,5 +1,6 @@
-"""Planner benchmark: plans a transfer of 8,192 blocks x 64 layers x K/V (1M descriptors)
-and times the straightforward per-block loop on the same transfer.
+"""Planner benchmark: plans a transfer of 8,192 blocks x 64 layers x K/V (1M pages) with
+the page table (prepare, then transfer_plan) and times the straightforward per-block loop
+on the same transfer.
 
   bazel run //bench:planner
 """
@@ -11,7 +12,8 @@ import time
 import numpy as np
 from absl import app, flags
 
-from kvoffload.planner import CPUSpec, GPUSpec, GroupLayout, KVLayout, TensorLayout, chunks_used, plan_transfer
+from kvoffload.page_table import job_arguments, page_table, transfer_plan
+from kvoffload.planner import CPUSpec, GPUSpec, GroupLayout, KVLayout, TensorLayout, chunks_used
 from kvoffload.registry import MemoryRegistry
 
 try:
@@ -56,30 +58,29 @@ def main(argv):
     gpu = GPUSpec(rng.permutation(2 * n)[:n], [n], [FLAGS.first_index])
     cpu = CPUSpec(rng.permutation(2 * chunks)[:chunks])
 
-    plan = plan_transfer(layout, gpu, cpu)
-    planned = best_seconds(lambda: plan_transfer(layout, gpu, cpu), FLAGS.repeats)
-    uncoalesced = best_seconds(lambda: plan_transfer(layout, gpu, cpu, coalesce=False), FLAGS.repeats)
+    table = page_table(layout)
+    ids = job_arguments(gpu, cpu)
+    plan = transfer_plan(table, table.prepare(*ids))
+    prepared = best_seconds(lambda: table.prepare(*ids), FLAGS.repeats)
+    planned = best_seconds(lambda: transfer_plan(table, table.prepare(*ids)), FLAGS.repeats)
+    pages = len(plan_per_block(layout, gpu, cpu))
     loop = best_seconds(lambda: plan_per_block(layout, gpu, cpu), 1)
     registry = MemoryRegistry()
     for t, tensor in enumerate(layout.groups[0].tensors):
         registry.register(f"gpu {t}", tensor.gpu_base, 2 * n * tensor.gpu_stride, "device")
         registry.register(f"cpu {t}", tensor.cpu_base, 2 * chunks * tensor.cpu_stride, "host")
-    plain = plan_transfer(layout, gpu, cpu, coalesce=False)
-    checked = best_seconds(lambda: (registry.check(plain.gpu, plain.sizes, "device"),
-                                    registry.check(plain.cpu, plain.sizes, "host")), FLAGS.repeats)
-    count = plan.uncoalesced_descriptors
+    checked = best_seconds(lambda: (registry.check(plan.gpu, plan.sizes, "device"),
+                                    registry.check(plan.cpu, plan.sizes, "host")), FLAGS.repeats)
     print(f"transfer: {n} blocks x {2 * FLAGS.layers} tensors of {FLAGS.page_bytes} bytes, "
           f"blocks_per_chunk {bpc}, first index {FLAGS.first_index}")
-    print(f"descriptors: {count} before coalescing, {plan.descriptors} after "
-          f"({plan.total_bytes / 2**30:.1f} GiB)")
-    print(f"vectorized plan: {planned * 1e3:.1f} ms ({count / planned / 1e6:.1f} M descriptors/s); "
-          f"without coalescing {uncoalesced * 1e3:.1f} ms")
-    print(f"per-block loop:  {loop * 1e3:.1f} ms ({count / loop / 1e6:.2f} M descriptors/s)")
-    print(f"registered-memory check of both sides: {checked * 1e3 / (count / 2**20):.1f} ms "
-          f"per 1M descriptors ({len(registry.regions)} regions)")
-    print(f"planner: {count} descriptors in {planned * 1e3:.1f} ms, "
+    print(f"per job: {pages} pages, {plan.descriptors} descriptors ({plan.total_bytes / 2**30:.1f} GiB)")
+    print(f"prepare + transfer_plan: {planned * 1e3:.1f} ms ({pages / planned / 1e6:.1f} M pages/s); "
+          f"prepare alone {prepared * 1e3:.2f} ms")
+    print(f"per-block loop:  {loop * 1e3:.1f} ms ({pages / loop / 1e6:.2f} M pages/s)")
+    print(f"registered-memory check of both sides: {checked * 1e3:.2f} ms for the {plan.descriptors} "
+          f"descriptors ({len(registry.regions)} regions)")
+    print(f"page table: {pages} pages in {planned * 1e3:.1f} ms, "
           f"{loop / planned:.0f}x faster than the per-block loop")
-
 
 if __name__ == "__main__":
     app.run(main)

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import kvoffload as kv
 from kvoffload.handler import OffloadHandler
-from kvoffload.planner import CPUSpec, GPUSpec, KVLayout, plan_transfer
+from kvoffload.page_table import job_arguments, page_table, transfer_plan
+from kvoffload.planner import CPUSpec, GPUSpec, KVLayout
 from canary import GuardedBuffer
 from hostile import copied, ids, jobs, mapping_is_valid, run_jobs, run_jobs_from_two_threads
 
@@ -69,7 +70,7 @@ def test_pointer_apis_reject_malformed_arrays_before_copying(src, dst, sizes):
 @FUZZ
 @given(st.lists(ids, max_size=8), st.lists(ids, max_size=6), st.lists(st.integers(-2, 6), min_size=2, max_size=3),
        st.lists(st.integers(-2, 9), min_size=2, max_size=3), st.sampled_from(["store", "load"]))
-def test_planner_with_hostile_specs_writes_only_inside_the_layout(block_ids, chunk_ids, sizes, firsts, direction):
+def test_page_table_with_hostile_specs_writes_only_inside_the_layout(block_ids, chunk_ids, sizes, firsts, direction):
     bpc, page = 2, 48
     gpu_buf, cpu_buf = GuardedBuffer(2 * 2 * 6 * page), GuardedBuffer(2 * 2 * 4 * bpc * page)
     gpu_bytes = np.random.default_rng(1).integers(0, 256, gpu_buf.array.size, dtype=np.uint8)
@@ -81,8 +82,10 @@ def test_planner_with_hostile_specs_writes_only_inside_the_layout(block_ids, chu
             for t in range(2)] for g in range(2)]
     layout = KVLayout.from_tensors([[torch.from_numpy(a) for a in g] for g in gpu],
                                    [[torch.from_numpy(a) for a in g] for g in cpu], bpc)
+    table = page_table(layout)
     try:
-        plan = plan_transfer(layout, GPUSpec(block_ids, sizes, firsts), CPUSpec(chunk_ids))
+        plan = transfer_plan(table, table.prepare(*job_arguments(GPUSpec(block_ids, sizes, firsts),
+                                                                 CPUSpec(chunk_ids))))
     except (TypeError, ValueError):
         assert cpu_buf.canaries_intact()
         return

@@ -1,6 +1,5 @@
 """Hypothesis strategies for random multi-group KV layouts and transfers over them."""
 
-import numpy as np
 from hypothesis import strategies as st
 
 from kvoffload.planner import CPUSpec, GPUSpec, GroupLayout, KVLayout, TensorLayout, chunks_used
@@ -37,15 +36,3 @@ def transfers(draw):
         sizes.append(n)
         firsts.append(first)
     return KVLayout(tuple(groups), bpc), GPUSpec(block_ids, sizes, firsts), CPUSpec(chunk_ids)
-
-
-def canonical(gpu, cpu, sizes):
-    """The byte mapping as maximal runs, so that equal mappings compare equal."""
-    order = np.argsort(gpu, kind="stable")
-    runs = []
-    for g, c, n in zip(gpu[order], cpu[order], sizes[order]):
-        if runs and runs[-1][0] + runs[-1][2] == g and runs[-1][1] + runs[-1][2] == c:
-            runs[-1][2] += n
-        else:
-            runs.append([int(g), int(c), int(n)])
-    return runs

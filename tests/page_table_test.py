@@ -1,5 +1,5 @@
-"""kvoffload.page_table without a GPU: the units a job's kernels copy are the planner's
-descriptors, and bad ids and layouts are refused before anything is enqueued."""
+"""kvoffload.page_table without a GPU: the units a job's kernels copy are the per-block
+reference's pages, and bad ids and layouts are refused before anything is enqueued."""
 
 import numpy as np
 import pytest
@@ -7,8 +7,9 @@ from hypothesis import given, settings
 
 from kvoffload import _C
 from kvoffload.page_table import UNIT_BYTES, ChunkParts, job_arguments, key_offsets, page_table
-from kvoffload.planner import GroupLayout, KVLayout, TensorLayout, plan_transfer
+from kvoffload.planner import GroupLayout, KVLayout, TensorLayout
 from layouts import transfers
+from planner_reference import plan_per_block
 
 
 def as_units(gpu, cpu, sizes):
@@ -21,13 +22,12 @@ def as_units(gpu, cpu, sizes):
 
 @settings(max_examples=300, deadline=None)
 @given(transfers())
-def test_units_are_the_planners_descriptors(transfer):
+def test_units_are_the_per_block_references_pages(transfer):
     layout, gpu, cpu = transfer
-    plan = plan_transfer(layout, gpu, cpu, coalesce=False)
-    table = page_table(layout)
-    units = table.unit_copies(*job_arguments(gpu, cpu))
+    reference = np.array(plan_per_block(layout, gpu, cpu), dtype=np.int64).reshape(-1, 3).T
+    units = page_table(layout).unit_copies(*job_arguments(gpu, cpu))
     assert all(u.dtype == np.int64 for u in units)
-    assert as_units(*units) == as_units(plan.gpu, plan.cpu, plan.sizes)
+    assert as_units(*units) == as_units(*reference)
 
 
 def test_pages_larger_than_a_unit_are_cut_into_units():

@@ -1,4 +1,5 @@
-"""A multi-group store and load round trip on a GPU: planner, ordering and batch copy."""
+"""A multi-group store and load round trip on a GPU: the page table's plan, ordering and
+batch copy."""
 
 import numpy as np
 import pytest
@@ -6,7 +7,8 @@ import torch
 
 import kvoffload as kv
 from kvoffload.ordering import MemoryKind, PendingWrites, safe_order
-from kvoffload.planner import CPUSpec, GPUSpec, KVLayout, chunks_used, plan_transfer
+from kvoffload.page_table import job_arguments, page_table, transfer_plan
+from kvoffload.planner import CPUSpec, GPUSpec, KVLayout, chunks_used
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +33,9 @@ def test_multi_group_round_trip(bpc):
     sizes, firsts = [20, 13, 0], [0, 2 * bpc - 1, 4]
     block_ids = np.concatenate([rng.permutation(64)[:20], rng.permutation(48)[:13]])
     chunk_ids = np.concatenate([rng.permutation(40)[: chunks_used(n, b, bpc)] for n, b in zip(sizes, firsts)])
-    plan = plan_transfer(layout, GPUSpec(block_ids, sizes, firsts), CPUSpec(chunk_ids))
+    table = page_table(layout)
+    plan = transfer_plan(table, table.prepare(*job_arguments(GPUSpec(block_ids, sizes, firsts),
+                                                             CPUSpec(chunk_ids))))
     assert plan.total_bytes == 4 * (20 * pages[0] + 13 * pages[1])
 
     original = [[t.clone() for t in g] for g in gpu]

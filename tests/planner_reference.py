@@ -1,4 +1,4 @@
-"""The straightforward per-block loop that kvoffload.planner vectorizes: the
+"""The straightforward per-block loop that kvoffload._C.PageTable maps ids with: the
 specification its tests check it against, and the baseline its benchmark times."""
 
 from __future__ import annotations

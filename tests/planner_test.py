@@ -1,5 +1,6 @@
-"""kvoffload.planner: multi-group transfers into copy descriptors, checked byte for byte
-through the host copy path, against the per-block reference, and on bad input."""
+"""Multi-group layouts and transfers (kvoffload.planner) as the handler plans them: the
+page table's copies (page_table.transfer_plan), checked byte for byte through the host
+copy path, against the per-block reference, and on bad input."""
 
 import numpy as np
 import pytest
@@ -7,11 +8,41 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import kvoffload as kv
+from kvoffload.page_table import job_arguments, page_table, transfer_plan
 from kvoffload.planner import (CPUSpec, GPUSpec, GroupLayout, KVLayout, TensorLayout,
-                               chunks_used, plan_transfer)
+                               check_shared, chunks_used)
 from kv_model import POISON, KVModel
-from layouts import canonical, transfers
+from layouts import transfers
 from planner_reference import plan_per_block
+
+
+def plan(layout, gpu, cpu, host_breaks=()):
+    """The handler's order: the table checks the ids, then the groups sharing tensors."""
+    table = page_table(layout, host_breaks)
+    job = table.prepare(*job_arguments(gpu, cpu))
+    check_shared(layout, gpu, cpu)
+    return transfer_plan(table, job)
+
+
+def merged_per_block(layout, gpu, cpu, host_breaks=()):
+    """The per-block reference with consecutive pages of one tensor merged where they
+    continue on both sides and no host break lies between: the plan's copies, sorted."""
+    pages, at, merged = plan_per_block(layout, gpu, cpu), 0, []
+    for g, group in enumerate(layout.groups):
+        for _ in group.tensors:  # the reference is tensor-major in each group
+            for k, (a, c, n) in enumerate(pages[at:at + gpu.group_sizes[g]]):
+                last = merged[-1] if k else None
+                if last and last[0] + last[2] == a and last[1] + last[2] == c and c not in host_breaks:
+                    last[2] += n
+                else:
+                    merged.append([a, c, n])
+            at += gpu.group_sizes[g]
+    return sorted(map(tuple, merged))
+
+
+def copies(planned):
+    return list(zip(planned.gpu.tolist(), planned.cpu.tolist(), planned.sizes.tolist()))
+
 
 # ---- a KV cache of CPU tensors standing in for the GPU, and its CPU pool ----
 
@@ -36,13 +67,12 @@ class Cache:
 
 
 def run(cache, direction, block_ids, group_sizes, block_indices, chunk_ids):
-    plan = plan_transfer(cache.layout, GPUSpec(block_ids, group_sizes, block_indices),
-                         CPUSpec(chunk_ids))
-    result = kv.host_copy(*(plan.store() if direction == "store" else plan.load()), registry=kv.UNCHECKED)
-    assert result.bytes == plan.total_bytes
+    planned = plan(cache.layout, GPUSpec(block_ids, group_sizes, block_indices), CPUSpec(chunk_ids))
+    result = kv.host_copy(*(planned.store() if direction == "store" else planned.load()), registry=kv.UNCHECKED)
+    assert result.bytes == planned.total_bytes
     getattr(cache.model, direction)(block_ids, group_sizes, block_indices, chunk_ids)
     cache.check()
-    return plan
+    return planned
 
 
 # ---- vLLM's offload worker cases ----
@@ -54,16 +84,14 @@ def test_store_then_load_skipping_the_first_blocks_of_a_chunk(page, bpc):
     cache = Cache(rng, [page], [4], num_blocks=16, num_chunks=12, bpc=bpc)
     stored = rng.permutation(16)[:7]
     chunks = rng.permutation(12)[: chunks_used(7, 0, bpc)]
-    plan = run(cache, "store", stored, [7], [0], chunks)
-    assert plan.total_bytes == 7 * 4 * page
+    assert run(cache, "store", stored, [7], [0], chunks).total_bytes == 7 * 4 * page
     # Load back blocks 1.. of the stored run: the first sub-block of the first chunk is skipped.
     for first in range(1, 3):
         n = 7 - first
         targets = rng.permutation(16)[:n]
         used = chunks_used(n, first, bpc)
         load_chunks = chunks[first // bpc : first // bpc + used]
-        plan = run(cache, "load", targets, [n], [first], load_chunks)
-        assert plan.total_bytes == n * 4 * page
+        assert run(cache, "load", targets, [n], [first], load_chunks).total_bytes == n * 4 * page
 
 
 def test_three_groups_aligned_empty_and_unaligned_at_both_ends():
@@ -75,68 +103,88 @@ def test_three_groups_aligned_empty_and_unaligned_at_both_ends():
     sizes, firsts = [8, 0, 6], [0, 5, 3]
     block_ids = np.concatenate([rng.permutation(20)[:8], rng.permutation(20)[:6]])
     chunk_ids = np.concatenate([rng.permutation(10)[:2], rng.permutation(10)[:3]])
-    plan = run(cache, "store", block_ids, sizes, firsts, chunk_ids)
-    assert plan.total_bytes == 8 * 2 * 256 + 6 * 2 * 768
+    assert run(cache, "store", block_ids, sizes, firsts, chunk_ids).total_bytes == 8 * 2 * 256 + 6 * 2 * 768
     assert [chunks_used(n, b, bpc) for n, b in zip(sizes, firsts)] == [2, 0, 3]
     load_ids = np.concatenate([rng.permutation(20)[:8], rng.permutation(20)[:6]])
     run(cache, "load", load_ids, sizes, firsts, chunk_ids)
 
 
-def test_consecutive_blocks_coalesce_into_whole_chunks():
+def test_consecutive_pages_of_a_tensor_merge_into_whole_chunks():
     rng = np.random.default_rng(3)
     cache = Cache(rng, [256], [3], num_blocks=32, num_chunks=8, bpc=4)
-    plan = run(cache, "store", np.arange(8, 16), [8], [0], np.array([2, 3]))
+    gpu, cpu = GPUSpec(np.arange(8, 16), [8], [0]), CPUSpec([2, 3])
     # Each tensor: GPU blocks 8..15 are contiguous and so are chunks 2..3.
-    assert (plan.uncoalesced_descriptors, plan.descriptors) == (24, 3)
-    plan = run(cache, "store", np.arange(8, 16), [8], [0], np.array([5, 1]))
-    assert plan.descriptors == 6  # one run per chunk and tensor
+    assert len(plan_per_block(cache.layout, gpu, cpu)) == 24
+    assert run(cache, "store", gpu.block_ids, [8], [0], cpu.chunk_ids).descriptors == 3
+    assert run(cache, "store", gpu.block_ids, [8], [0], np.array([5, 1])).descriptors == 6  # a run per chunk and tensor
 
 
-def test_padded_gpu_blocks_do_not_coalesce_on_the_gpu_side():
+def test_padded_gpu_blocks_do_not_merge_on_the_gpu_side():
     gpu = [[torch.zeros((8, 2, 128), dtype=torch.uint8)]]
     cpu = [[torch.zeros((4, 2 * 128), dtype=torch.uint8)]]
     layout = KVLayout.from_tensors(gpu, cpu, blocks_per_chunk=2, page_bytes=[128])
-    plan = plan_transfer(layout, GPUSpec(np.arange(4), [4], [0]), CPUSpec([0, 1]))
-    assert plan.descriptors == 4 and set(plan.sizes) == {128}
+    planned = plan(layout, GPUSpec(np.arange(4), [4], [0]), CPUSpec([0, 1]))
+    assert planned.descriptors == 4 and set(planned.sizes) == {128}
+
+
+def adjacent_tensors(chunk_major):
+    """One group of two 64-byte-page tensors, the second starting where the first ends on
+    the GPU (4 blocks) and on the CPU (one chunk of 4 blocks), or interleaved in the chunk."""
+    if chunk_major:
+        cpu = [(1 << 30, 512), ((1 << 30) + 256, 512)]
+    else:
+        cpu = [(1 << 30, 256), ((1 << 30) + 256, 256)]
+    return KVLayout((GroupLayout(tuple(TensorLayout((1 << 20) + t * 256, 64, 64, *cpu[t]) for t in range(2)),
+                                 4, 1),), 4)
+
+
+@pytest.mark.parametrize("chunk_major", [False, True])
+def test_pages_of_two_tensors_never_merge_even_where_they_continue(chunk_major):
+    layout = adjacent_tensors(chunk_major)
+    gpu, cpu = GPUSpec(np.arange(4), [4], [0]), CPUSpec([0])
+    planned = plan(layout, gpu, cpu)
+    assert copies(planned) == [(1 << 20, 1 << 30, 256), ((1 << 20) + 256, (1 << 30) + 256, 256)]
+    # A host break splits one tensor's run, on the page it falls on.
+    planned = plan(layout, gpu, cpu, host_breaks=[(1 << 30) + 128])
+    assert copies(planned) == [(1 << 20, 1 << 30, 128), ((1 << 20) + 128, (1 << 30) + 128, 128),
+                               ((1 << 20) + 256, (1 << 30) + 256, 256)]
 
 
 # ---- property tests against the per-block reference ----
 
 @settings(max_examples=300, deadline=None)
-@given(transfers())
-def test_matches_the_per_block_reference(transfer):
+@given(transfers(), st.data())
+def test_matches_the_per_block_reference(transfer, data):
     layout, gpu, cpu = transfer
-    plain = plan_transfer(layout, gpu, cpu, coalesce=False)
     reference = plan_per_block(layout, gpu, cpu)
-    assert list(zip(plain.gpu.tolist(), plain.cpu.tolist(), plain.sizes.tolist())) == reference
-    merged = plan_transfer(layout, gpu, cpu)
-    assert merged.total_bytes == plain.total_bytes == sum(n for _, _, n in reference)
-    assert merged.uncoalesced_descriptors == len(reference) >= merged.descriptors
-    assert canonical(merged.gpu, merged.cpu, merged.sizes) == canonical(plain.gpu, plain.cpu, plain.sizes)
-    for array in (merged.gpu, merged.cpu, merged.sizes):
+    starts = sorted({c for _, c, _ in reference})
+    breaks = data.draw(st.lists(st.sampled_from(starts), unique=True) if starts else st.just([]))
+    planned = plan(layout, gpu, cpu, breaks)
+    assert sorted(copies(planned)) == merged_per_block(layout, gpu, cpu, breaks)
+    assert planned.total_bytes == sum(n for _, _, n in reference)
+    assert len(reference) >= planned.descriptors
+    for array in (planned.gpu, planned.cpu, planned.sizes):
         assert array.dtype == np.int64 and array.flags.c_contiguous
 
 
 @settings(max_examples=60, deadline=None)
 @given(transfers(), st.sampled_from(["store", "load"]))
-def test_coalesced_and_uncoalesced_plans_write_the_same_bytes(transfer, direction):
+def test_the_plan_writes_the_same_bytes_as_the_per_block_reference(transfer, direction):
     layout, gpu, cpu = transfer
-    plain = plan_transfer(layout, gpu, cpu, coalesce=False)
-    merged = plan_transfer(layout, gpu, cpu)
+    reference = np.array(plan_per_block(layout, gpu, cpu), dtype=np.int64).reshape(-1, 3).T.copy()
+    planned = plan(layout, gpu, cpu)
     # Back the layout's address ranges with real memory: GPU side at 1 MiB, CPU side at 1 GiB.
     rng = np.random.default_rng(0)
+    start = rng.integers(0, 256, 1 << 16, dtype=np.uint8), rng.integers(0, 256, 1 << 16, dtype=np.uint8)
     images = []
-    for plan in (plain, merged):
-        gpu_mem = rng.integers(0, 256, 1 << 16, dtype=np.uint8) if not images else images[0][2].copy()
-        cpu_mem = rng.integers(0, 256, 1 << 16, dtype=np.uint8) if not images else images[0][3].copy()
-        start = (gpu_mem.copy(), cpu_mem.copy())
-        shift_g, shift_c = gpu_mem.ctypes.data - (1 << 20), cpu_mem.ctypes.data - (1 << 30)
-        src, dst = (plan.gpu + shift_g, plan.cpu + shift_c)
+    for gpu_at, cpu_at, sizes in (reference, (planned.gpu, planned.cpu, planned.sizes)):
+        gpu_mem, cpu_mem = start[0].copy(), start[1].copy()
+        src, dst = gpu_at + gpu_mem.ctypes.data - (1 << 20), cpu_at + cpu_mem.ctypes.data - (1 << 30)
         if direction == "load":
             src, dst = dst, src
-        if plan.descriptors:
-            kv.host_copy(src, dst, plan.sizes, registry=kv.UNCHECKED)
-        images.append((gpu_mem, cpu_mem, *start))
+        if len(sizes):
+            kv.host_copy(src, dst, sizes, registry=kv.UNCHECKED)
+        images.append((gpu_mem, cpu_mem))
     np.testing.assert_array_equal(images[0][0], images[1][0])
     np.testing.assert_array_equal(images[0][1], images[1][1])
 
@@ -155,8 +203,8 @@ BAD_PLANS = {
     "negative chunk id": (([1, 2, 3, 0], [3, 1], [0, 0]), [-2, 1, 0], r"group 0: chunk_ids\[0\] = -2 is out of range"),
     "block twice": (([1, 2, 1, 0], [3, 1], [0, 0]), [0, 1, 0], r"group 0: block_ids\[2\] = 1 appears twice"),
     "chunk twice": (([1, 2, 3, 0], [3, 1], [0, 0]), [3, 3, 0], r"group 0: chunk_ids\[1\] = 3 appears twice"),
-    "too many chunks": (([1, 2, 3, 0], [3, 1], [0, 0]), [0, 1, 0, 2], r"chunk_ids: has 4 ids but the groups use 3 chunks \(2, 1\)"),
-    "too few chunks": (([1, 2, 3, 0], [3, 1], [0, 0]), [0, 1], r"chunk_ids: has 2 ids but the groups use 3 chunks \(2, 1\)"),
+    "too many chunks": (([1, 2, 3, 0], [3, 1], [0, 0]), [0, 1, 0, 2], r"^chunk_ids: has 4 ids but the groups use 3 chunks$"),
+    "too few chunks": (([1, 2, 3, 0], [3, 1], [0, 0]), [0, 1], r"^chunk_ids: has 2 ids but the groups use 3 chunks$"),
     "group count": (([1, 2, 3], [3], [0]), [0, 1], r"group_sizes: has 1 groups but the layout has 2"),
 }
 
@@ -165,7 +213,7 @@ BAD_PLANS = {
 def test_bad_plans_name_the_group_and_index(case):
     (ids, sizes, firsts), chunks, message = BAD_PLANS[case]
     with pytest.raises(ValueError, match=message):
-        plan_transfer(small_layout(), GPUSpec(ids, sizes, firsts), CPUSpec(chunks))
+        plan(small_layout(), GPUSpec(ids, sizes, firsts), CPUSpec(chunks))
 
 
 BAD_SPECS = {
@@ -228,11 +276,8 @@ def shared_layout():
 def test_groups_may_share_a_tensor_each_with_its_page():
     layout = shared_layout()
     assert layout.gpu_alias == layout.cpu_alias == (0, 0, 2)
-    plan = plan_transfer(layout, GPUSpec([1, 2, 3], [1, 1, 1], [0, 0, 0]), CPUSpec([0, 1, 0]),
-                         coalesce=False)
-    assert plan.sizes.tolist() == [64, 32, 64]
-    assert plan.gpu.tolist() == [1064, 1128, 9192]
-    assert plan.cpu.tolist() == [1 << 20, (1 << 20) + 128, 2 << 20]
+    planned = plan(layout, GPUSpec([1, 2, 3], [1, 1, 1], [0, 0, 0]), CPUSpec([0, 1, 0]))
+    assert copies(planned) == [(1064, 1 << 20, 64), (1128, (1 << 20) + 128, 32), (9192, 2 << 20, 64)]
 
 
 @pytest.mark.parametrize("gpu, cpu, message", [
@@ -243,7 +288,7 @@ def test_groups_may_share_a_tensor_each_with_its_page():
 ])
 def test_a_transfer_naming_a_shared_block_twice_is_refused(gpu, cpu, message):
     with pytest.raises(ValueError, match=message):
-        plan_transfer(shared_layout(), gpu, cpu)
+        plan(shared_layout(), gpu, cpu)
 
 
 def test_a_partly_shared_tensor_is_still_an_overlap():
@@ -276,7 +321,7 @@ def test_a_failed_plan_copies_nothing_because_nothing_is_returned():
     rng = np.random.default_rng(5)
     cache = Cache(rng, [128], [2], num_blocks=8, num_chunks=4, bpc=2)
     with pytest.raises(ValueError):
-        plan_transfer(cache.layout, GPUSpec([0, 1, 8], [3], [0]), CPUSpec([0, 1]))
+        plan(cache.layout, GPUSpec([0, 1, 8], [3], [0]), CPUSpec([0, 1]))
     cache.check()
 
 
