@@ -232,38 +232,45 @@ int64_t ChunksUsed(int64_t blocks, int64_t first_index, int64_t blocks_per_chunk
 }
 
 void ValidateJob(const PageLayout& layout, const PageJob& job, int max_threads) {
+  static const JobNames kNames;
+  const JobNames& name = job.names != nullptr ? *job.names : kNames;
   if (job.groups != layout.groups()) {
-    Reject("group_sizes: has " + Str(job.groups) + " groups but the layout has " +
+    Reject(name.group_sizes + ": has " + Str(job.groups) + " groups but the layout has " +
            Str(layout.groups()));
   }
   int64_t blocks = 0, chunks = 0;
   for (int64_t g = 0; g < job.groups; ++g) {
     const int64_t n = job.group_sizes[g], first = job.block_indices[g];
-    if (n < 0) Reject("group_sizes[" + Str(g) + "]: must be >= 0, got " + Str(n));
-    if (first < 0) Reject("block_indices[" + Str(g) + "]: must be >= 0, got " + Str(first));
+    if (n < 0) Reject(name.group_sizes + "[" + Str(g) + "]: must be >= 0, got " + Str(n));
+    if (first < 0) Reject(name.block_indices + "[" + Str(g) + "]: must be >= 0, got " + Str(first));
     if (n > job.num_block_ids) {
-      Reject("group_sizes[" + Str(g) + "]: " + Str(n) + " exceeds the block ids given");
+      Reject(name.group_sizes + "[" + Str(g) + "]: " + Str(n) + " exceeds the block ids given");
     }
     blocks += n;
     if (blocks > job.num_block_ids) break;
     chunks += ChunksUsed(n, first, layout.blocks_per_chunk());
   }
   if (blocks != job.num_block_ids) {
-    Reject("group_sizes: add up to " + Str(blocks) + " but block_ids has " +
+    Reject(name.group_sizes + ": add up to " + Str(blocks) + " but " + name.block_ids + " has " +
            Str(job.num_block_ids) + " ids");
   }
   if (chunks != job.num_chunk_ids) {
-    Reject("chunk_ids: has " + Str(job.num_chunk_ids) + " ids but the groups use " +
-           Str(chunks) + " chunks");
+    std::string each;
+    for (int64_t g = 0; g < job.groups; ++g) {
+      each += (g ? ", " : "") + Str(ChunksUsed(job.group_sizes[g], job.block_indices[g],
+                                               layout.blocks_per_chunk()));
+    }
+    Reject(name.chunk_ids + ": has " + Str(job.num_chunk_ids) + " ids but the groups use " +
+           Str(chunks) + " chunks (" + each + ")");
   }
   thread_local std::vector<uint64_t> seen;
   int64_t block_at = 0, chunk_at = 0;
   for (int64_t g = 0; g < job.groups; ++g) {
     const int64_t n = job.group_sizes[g];
     const int64_t used = ChunksUsed(n, job.block_indices[g], layout.blocks_per_chunk());
-    CheckManyIds("block_ids", job.block_ids + block_at, n, block_at, layout.gpu_blocks(g), g,
+    CheckManyIds(name.block_ids.c_str(), job.block_ids + block_at, n, block_at, layout.gpu_blocks(g), g,
                  seen, max_threads);
-    CheckManyIds("chunk_ids", job.chunk_ids + chunk_at, used, chunk_at, layout.cpu_chunks(g), g,
+    CheckManyIds(name.chunk_ids.c_str(), job.chunk_ids + chunk_at, used, chunk_at, layout.cpu_chunks(g), g,
                  seen, max_threads);
     block_at += n;
     chunk_at += used;

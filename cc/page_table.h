@@ -8,6 +8,7 @@
 // chunks times tensors, not with pages.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "cc/page_address.h"
@@ -54,6 +55,14 @@ class PageLayout {
   int64_t blocks_per_chunk_;
 };
 
+// What ValidateJob's messages call a job's arrays: the caller's names for them.
+struct JobNames {
+  std::string block_ids = "block_ids";
+  std::string chunk_ids = "chunk_ids";
+  std::string group_sizes = "group_sizes";
+  std::string block_indices = "block_indices";
+};
+
 // One job: group g has group_sizes[g] blocks whose first logical index is
 // block_indices[g]; block ids and chunk ids are concatenated by group. Borrowed arrays.
 struct PageJob {
@@ -64,6 +73,7 @@ struct PageJob {
   const int64_t* group_sizes = nullptr;
   const int64_t* block_indices = nullptr;
   int64_t groups = 0;
+  const JobNames* names = nullptr;  // null: JobNames{}
 };
 
 // Chunks a group of `blocks` blocks whose first logical index is `first_index` touches.

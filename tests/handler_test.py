@@ -131,6 +131,30 @@ def test_store_and_load_name_the_spec_they_were_given_in_the_wrong_place():
     handler.shutdown()
 
 
+def test_specs_with_names_of_their_own_are_named_so_in_every_error():
+    handler, model = small_handler()
+    names = {"block_ids": "src.blocks", "group_sizes": "src.sizes", "block_indices": "src.firsts"}
+    cpu_names = {"chunk_ids": "dst.chunks"}
+    before = handler.pool.tensor.clone()
+    cases = [  # the spec's own checks, then the page table's
+        (lambda: GPUSpec([0, 1.5], [2], [0], names=names), TypeError, r"src\.blocks"),
+        (lambda: GPUSpec([0, 1], [1], [0], names=names), ValueError, r"src\.sizes: add up to 1 but src\.blocks has 2"),
+        (lambda: CPUSpec([[0]], names=cpu_names), ValueError, r"dst\.chunks"),
+        (lambda: handler.store("a", GPUSpec([0, 9], [2], [0], names=names), CPUSpec([0], names=cpu_names)),
+         ValueError, r"group 0: src\.blocks\[1\] = 9 is out of range"),
+        (lambda: handler.store("a", GPUSpec([0, 1], [2], [0], names=names), CPUSpec([0, 1], names=cpu_names)),
+         ValueError, r"dst\.chunks: has 2 ids but the groups use 1"),
+        (lambda: handler.store("a", GPUSpec([0, 1], [2], [0], names=names), CPUSpec([7], names=cpu_names)),
+         ValueError, r"group 0: dst\.chunks\[0\] = 7 is out of range"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
+    assert handler.get_finished() == [] and torch.equal(handler.pool.tensor, before)
+    check(handler, model)
+    handler.shutdown()
+
+
 def test_a_failure_mid_job_fails_that_job_only(monkeypatch):
     handler, model = make_handler(np.random.default_rng(6), [512], [2], num_blocks=16, num_chunks=8,
                                   bpc=2, cpu_layout="chunk_major")

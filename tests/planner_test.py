@@ -203,8 +203,8 @@ BAD_PLANS = {
     "negative chunk id": (([1, 2, 3, 0], [3, 1], [0, 0]), [-2, 1, 0], r"group 0: chunk_ids\[0\] = -2 is out of range"),
     "block twice": (([1, 2, 1, 0], [3, 1], [0, 0]), [0, 1, 0], r"group 0: block_ids\[2\] = 1 appears twice"),
     "chunk twice": (([1, 2, 3, 0], [3, 1], [0, 0]), [3, 3, 0], r"group 0: chunk_ids\[1\] = 3 appears twice"),
-    "too many chunks": (([1, 2, 3, 0], [3, 1], [0, 0]), [0, 1, 0, 2], r"^chunk_ids: has 4 ids but the groups use 3 chunks$"),
-    "too few chunks": (([1, 2, 3, 0], [3, 1], [0, 0]), [0, 1], r"^chunk_ids: has 2 ids but the groups use 3 chunks$"),
+    "too many chunks": (([1, 2, 3, 0], [3, 1], [0, 0]), [0, 1, 0, 2], r"^chunk_ids: has 4 ids but the groups use 3 chunks \(2, 1\)$"),
+    "too few chunks": (([1, 2, 3, 0], [3, 1], [0, 0]), [0, 1], r"^chunk_ids: has 2 ids but the groups use 3 chunks \(2, 1\)$"),
     "group count": (([1, 2, 3], [3], [0]), [0, 1], r"group_sizes: has 1 groups but the layout has 2"),
 }
 

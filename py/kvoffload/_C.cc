@@ -389,32 +389,53 @@ CopyResult PyCopyBlocks(nb::handle src_obj, nb::handle dst_obj, nb::handle mappi
 
 // A job's ids, copied once: checked and enqueued from the same snapshot, whatever
 // another thread does to the caller's arrays meanwhile.
+// `names`: None, or the caller's names of (block_ids, chunk_ids, group_sizes,
+// block_indices), which every message about them uses.
+JobNames ToJobNames(nb::handle names) {
+  JobNames out;
+  if (names.is_none()) return out;
+  if (!nb::isinstance<nb::tuple>(names) || nb::len(names) != 4) {
+    throw nb::type_error("names: expected None or a tuple of 4 str");
+  }
+  std::string* fields[] = {&out.block_ids, &out.chunk_ids, &out.group_sizes, &out.block_indices};
+  for (size_t i = 0; i < 4; ++i) {
+    nb::handle name = names[i];
+    if (!nb::isinstance<nb::str>(name)) throw nb::type_error("names: expected None or a tuple of 4 str");
+    *fields[i] = nb::cast<std::string>(name);
+  }
+  return out;
+}
+
 struct JobIds {
   JobIds(nb::handle block_ids, nb::handle chunk_ids, nb::handle group_sizes,
-         nb::handle block_indices)
-      : blocks(Copy(block_ids, "block_ids")), chunks(Copy(chunk_ids, "chunk_ids")) {
-    Take(group_sizes, "group_sizes", sizes);
-    Take(block_indices, "block_indices", firsts);
+         nb::handle block_indices, nb::handle field_names = nb::none())
+      : names(ToJobNames(field_names)),
+        blocks(Copy(block_ids, names.block_ids)),
+        chunks(Copy(chunk_ids, names.chunk_ids)) {
+    Take(group_sizes, names.group_sizes, sizes);
+    Take(block_indices, names.block_indices, firsts);
     if (firsts.size() != sizes.size()) {
-      throw nb::value_error(("block_indices: has " + std::to_string(firsts.size()) +
-                             " entries but group_sizes has " + std::to_string(sizes.size()))
+      throw nb::value_error((names.block_indices + ": has " + std::to_string(firsts.size()) +
+                             " entries but " + names.group_sizes + " has " +
+                             std::to_string(sizes.size()))
                                 .c_str());
     }
   }
-  static RecycledBuffer Copy(nb::handle obj, const char* name) {
-    const Int64Array array(obj, name, 1);
+  static RecycledBuffer Copy(nb::handle obj, const std::string& name) {
+    const Int64Array array(obj, name.c_str(), 1);
     return RecycledBuffer(array.data(), array.size());
   }
-  static void Take(nb::handle obj, const char* name, std::vector<int64_t>& out) {
-    const Int64Array array(obj, name, 1);
+  static void Take(nb::handle obj, const std::string& name, std::vector<int64_t>& out) {
+    const Int64Array array(obj, name.c_str(), 1);
     out.assign(array.data(), array.data() + array.size());
   }
   PageJob Job() const {
     return PageJob{blocks.data(), static_cast<int64_t>(blocks.size()),
                    chunks.data(), static_cast<int64_t>(chunks.size()),
                    sizes.data(),  firsts.data(),
-                   static_cast<int64_t>(sizes.size())};
+                   static_cast<int64_t>(sizes.size()), &names};
   }
+  JobNames names;
   RecycledBuffer blocks, chunks;
   std::vector<int64_t> sizes, firsts;
 };
@@ -675,22 +696,23 @@ NB_MODULE(_C, m) {
            nb::arg("blocks_per_chunk"), nb::arg("host_breaks") = nb::tuple())
       .def(
           "check",
-          [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i) {
-            t.Check(JobIds(b, c, g, i));
-          },
+          [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i,
+             nb::handle names) { t.Check(JobIds(b, c, g, i, names)); },
           nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
-          nb::arg("block_indices"))
+          nb::arg("block_indices"), nb::arg("names").none() = nb::none())
       .def(
           "prepare",
-          [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i) {
-            auto job = std::make_unique<PreparedJob>(JobIds(b, c, g, i), t.serial_);
+          [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i,
+             nb::handle names) {
+            auto job = std::make_unique<PreparedJob>(JobIds(b, c, g, i, names), t.serial_);
             t.Check(job->ids);
             return job.release();
           },
           nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
-          nb::arg("block_indices"), nb::rv_policy::take_ownership,
+          nb::arg("block_indices"), nb::arg("names").none() = nb::none(), nb::rv_policy::take_ownership,
           "Copies the ids once and checks them: a job that keys(job) numbers and "
-          "copy_job(job) moves, exactly as checked.")
+          "copy_job(job) moves, exactly as checked. names: what errors call the four "
+          "arrays (None: their parameter names).")
       .def(
           "keys",
           [](const PyPageTable& t, const PreparedJob& job, nb::handle gpu_offset,

@@ -48,7 +48,7 @@ from kvoffload.host_pool import (HostPool, PoolOptions, chunk_runs, chunks_reach
                                  tensor_owners)
 from kvoffload.lane_accesses import LaneAccesses, LazyKeys
 from kvoffload.lane_conflicts import LaneConflicts
-from kvoffload.page_table import ChunkParts, job_arguments, key_offsets, page_table, transfer_plan
+from kvoffload.page_table import ChunkParts, job_arguments, job_names, key_offsets, page_table, transfer_plan
 from kvoffload.ordering import PendingWrites, safe_order
 from kvoffload.planner import (CPUSpec, GPUSpec, _require_int, check_shared, chunks_used,
                                tensor_pages)
@@ -320,7 +320,7 @@ class OffloadHandler:
             plan = None
             ids = job_arguments(gpu, cpu)
             # Checks the ids (the page methods' only check, besides shared tensors).
-            prepared = self._table.prepare(*ids)
+            prepared = self._table.prepare(*ids, names=job_names(gpu, cpu))
             check_shared(self.layout, gpu, cpu)
             if self._pages is not None:
                 nbytes = sum(n * t.page_bytes for n, group in zip(gpu.group_sizes, self.layout.groups)

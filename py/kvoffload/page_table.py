@@ -118,6 +118,13 @@ def job_arguments(gpu: GPUSpec, cpu: CPUSpec) -> tuple:
     return gpu.block_ids, cpu.chunk_ids, list(gpu.group_sizes), list(gpu.block_indices)
 
 
+def job_names(gpu: GPUSpec, cpu: CPUSpec) -> tuple[str, str, str, str] | None:
+    """What the specs call job_arguments' four arrays (PageTable.prepare's names)."""
+    if gpu.names is None and cpu.names is None:
+        return None
+    return gpu.name("block_ids"), cpu.name("chunk_ids"), gpu.name("group_sizes"), gpu.name("block_indices")
+
+
 def transfer_plan(table: PageTable, job) -> TransferPlan:
     """The copies of a job ``table.prepare`` checked (PageTable.page_copies), as the
     methods that plan on the host take them."""

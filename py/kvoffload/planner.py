@@ -18,7 +18,7 @@ one TransferPlan serves both directions, store (GPU -> CPU) and load (CPU -> GPU
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -277,35 +277,50 @@ def tensor_pages(gpu: Sequence[Sequence], page_bytes: Sequence | None = None,
 @dataclasses.dataclass(frozen=True)
 class GPUSpec:
     """GPU blocks of a transfer: ids concatenated by group, each group's count, and the
-    logical index of each group's first block."""
+    logical index of each group's first block. ``names``: what errors call each field
+    (``{"block_ids": "src_spec.block_ids", ...}``), for callers with names of their own."""
 
     block_ids: np.ndarray
     group_sizes: tuple[int, ...]
     block_indices: tuple[int, ...]
+    names: Mapping[str, str] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "block_ids", _int64_vector("block_ids", self.block_ids))
-        sizes = tuple(_require_int(f"group_sizes[{g}]", n, 0) for g, n in enumerate(self.group_sizes))
-        firsts = tuple(_require_int(f"block_indices[{g}]", b, 0)
-                       for g, b in enumerate(self.block_indices))
-        object.__setattr__(self, "group_sizes", sizes)
-        object.__setattr__(self, "block_indices", firsts)
+        name = self.name
+        object.__setattr__(self, "block_ids", _int64_vector(name("block_ids"), self.block_ids))
+        for field in ("group_sizes", "block_indices"):
+            try:
+                values = tuple(getattr(self, field))
+            except TypeError:
+                raise TypeError(f"{name(field)}: expected a sequence of ints, got "
+                                f"{type(getattr(self, field)).__name__}") from None
+            object.__setattr__(self, field, tuple(_require_int(f"{name(field)}[{g}]", n, 0)
+                                                  for g, n in enumerate(values)))
+        sizes, firsts = self.group_sizes, self.block_indices
         if len(firsts) != len(sizes):
-            raise ValueError(f"block_indices: has {len(firsts)} entries but group_sizes has "
-                             f"{len(sizes)}")
+            raise ValueError(f"{name('block_indices')}: has {len(firsts)} entries but "
+                             f"{name('group_sizes')} has {len(sizes)}")
         if sum(sizes) != len(self.block_ids):
-            raise ValueError(f"group_sizes: add up to {sum(sizes)} but block_ids has "
-                             f"{len(self.block_ids)} ids")
+            raise ValueError(f"{name('group_sizes')}: add up to {sum(sizes)} but "
+                             f"{name('block_ids')} has {len(self.block_ids)} ids")
+
+    def name(self, field: str) -> str:
+        return (self.names or {}).get(field, field)
 
 
 @dataclasses.dataclass(frozen=True)
 class CPUSpec:
-    """CPU chunks of a transfer, concatenated by group."""
+    """CPU chunks of a transfer, concatenated by group. ``names``: as for GPUSpec
+    (``{"chunk_ids": "dst_spec.block_ids"}``)."""
 
     chunk_ids: np.ndarray
+    names: Mapping[str, str] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "chunk_ids", _int64_vector("chunk_ids", self.chunk_ids))
+        object.__setattr__(self, "chunk_ids", _int64_vector(self.name("chunk_ids"), self.chunk_ids))
+
+    def name(self, field: str) -> str:
+        return (self.names or {}).get(field, field)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,5 +370,5 @@ def check_shared(layout: KVLayout, gpu: GPUSpec, cpu: CPUSpec) -> None:
     """Refuses a transfer naming one block or chunk in two groups that share tensors."""
     bpc = layout.blocks_per_chunk
     used = [chunks_used(n, b, bpc) for n, b in zip(gpu.group_sizes, gpu.block_indices)]
-    _check_shared("block_ids", gpu.block_ids, gpu.group_sizes, layout.gpu_alias, "GPU")
-    _check_shared("chunk_ids", cpu.chunk_ids, used, layout.cpu_alias, "CPU")
+    _check_shared(gpu.name("block_ids"), gpu.block_ids, gpu.group_sizes, layout.gpu_alias, "GPU")
+    _check_shared(cpu.name("chunk_ids"), cpu.chunk_ids, used, layout.cpu_alias, "CPU")

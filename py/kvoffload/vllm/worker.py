@@ -10,9 +10,7 @@ Stores, loads and expedited loads run on lanes of their own.
 
 from __future__ import annotations
 
-import functools
 import logging
-import re
 
 import torch
 from vllm.v1.kv_offload.base import (CanonicalKVCaches, GPULoadStoreSpec, LoadStoreSpec,
@@ -86,27 +84,15 @@ class KVOffloadWorker(OffloadingWorker):
                                       page_bytes=pages, **handler_options)
 
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
-        gpu, cpu = _specs("submit_store", job_id, src_spec, "src_spec", dst_spec, "dst_spec")
-        return self._submit("submit_store", job_id, functools.partial(self.handler.store, job_id, gpu, cpu),
-                            {"block_ids": "src_spec.block_ids", "chunk_ids": "dst_spec.block_ids"})
+        prefix = f"submit_store(job_id={job_id!r}): "
+        gpu, cpu = _specs(prefix, src_spec, "src_spec", dst_spec, "dst_spec")
+        return _submit(prefix, self.handler.store, job_id, gpu, cpu)
 
     def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec,
                     expedited: bool = False) -> bool:
-        gpu, cpu = _specs("submit_load", job_id, dst_spec, "dst_spec", src_spec, "src_spec")
-        return self._submit("submit_load", job_id,
-                            functools.partial(self.handler.load, job_id, cpu, gpu, expedite=expedited),
-                            {"block_ids": "dst_spec.block_ids", "chunk_ids": "src_spec.block_ids"})
-
-    def _submit(self, verb, job_id, submit, fields) -> bool:
-        try:
-            return submit()
-        except (TypeError, ValueError) as e:
-            spec = "src_spec" if verb == "submit_store" else "dst_spec"
-            fields = {**fields, "group_sizes": f"{spec}.group_sizes",
-                      "block_indices": f"{spec}.block_indices"}
-            message = re.sub(r"\b(block_ids|chunk_ids|group_sizes|block_indices)\b",
-                             lambda m: fields[m.group(1)], str(e))
-            raise type(e)(f"{verb}(job_id={job_id!r}): {message}") from e
+        prefix = f"submit_load(job_id={job_id!r}): "
+        gpu, cpu = _specs(prefix, dst_spec, "dst_spec", src_spec, "src_spec")
+        return _submit(prefix, self.handler.load, job_id, cpu, gpu, expedite=expedited)
 
     def get_finished(self) -> list[TransferResult]:
         results = []
@@ -126,28 +112,23 @@ class KVOffloadWorker(OffloadingWorker):
         self.handler.shutdown()
 
 
-def _specs(verb, job_id, gpu_spec, gpu_name, cpu_spec, cpu_name) -> tuple[GPUSpec, CPUSpec]:
+def _submit(prefix, submit, *args, **kwargs) -> bool:
+    try:
+        return submit(*args, **kwargs)
+    except (TypeError, ValueError) as e:
+        raise type(e)(prefix + str(e)) from e
+
+
+def _specs(prefix, gpu_spec, gpu_name, cpu_spec, cpu_name) -> tuple[GPUSpec, CPUSpec]:
+    """vLLM's specs as kvoffload's, which name vLLM's fields in their errors."""
     if not isinstance(gpu_spec, GPULoadStoreSpec):
-        raise TypeError(f"{verb}(job_id={job_id!r}): {gpu_name}: expected a GPULoadStoreSpec, "
-                        f"got {type(gpu_spec).__name__}")
+        raise TypeError(f"{prefix}{gpu_name}: expected a GPULoadStoreSpec, got {type(gpu_spec).__name__}")
     if not isinstance(cpu_spec, CPULoadStoreSpec):
-        raise TypeError(f"{verb}(job_id={job_id!r}): {cpu_name}: expected a CPULoadStoreSpec, "
-                        f"got {type(cpu_spec).__name__}")
-    prefix = f"{verb}(job_id={job_id!r}): "
-    fields = []
-    for field in ("group_sizes", "block_indices"):
-        value = getattr(gpu_spec, field)
-        try:
-            fields.append(tuple(value))
-        except TypeError:
-            raise TypeError(f"{prefix}{gpu_name}.{field}: expected a sequence of ints, got "
-                            f"{type(value).__name__}") from None
+        raise TypeError(f"{prefix}{cpu_name}: expected a CPULoadStoreSpec, got {type(cpu_spec).__name__}")
+    names = {field: f"{gpu_name}.{field}" for field in ("block_ids", "group_sizes", "block_indices")}
     try:
-        gpu = GPUSpec(gpu_spec.block_ids, *fields)
+        gpu = GPUSpec(gpu_spec.block_ids, gpu_spec.group_sizes, gpu_spec.block_indices, names=names)
+        cpu = CPUSpec(cpu_spec.block_ids, names={"chunk_ids": f"{cpu_name}.block_ids"})
     except (TypeError, ValueError) as e:
-        raise type(e)(f"{prefix}{gpu_name}.{e}") from e
-    try:
-        cpu = CPUSpec(cpu_spec.block_ids)
-    except (TypeError, ValueError) as e:
-        raise type(e)(prefix + re.sub(r"\bchunk_ids\b", f"{cpu_name}.block_ids", str(e))) from e
+        raise type(e)(prefix + str(e)) from e
     return gpu, cpu
