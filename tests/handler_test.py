@@ -164,6 +164,57 @@ def test_a_failure_mid_job_fails_that_job_only(monkeypatch):
     handler.shutdown()
 
 
+def test_chunks_placed_by_the_caller_land_there_and_nowhere_else():
+    # Two tensors of 96- and 32-byte pages, bpc 2, interleaved in rows of 512 bytes of a
+    # caller's buffer at offsets 64 and 320; the rest of each row is never written.
+    rng = np.random.default_rng(11)
+    pages, bpc, chunks, row = [96, 32], 2, 6, 512
+    gpu = [[torch.from_numpy(rng.integers(0, 256, (16, p), dtype=np.uint8)) for p in pages]]
+    buffer = torch.full((chunks * row + 100,), POISON, dtype=torch.uint8)
+    places = [[(64, row), (320, row)]]
+    handler = OffloadHandler(gpu, chunks, bpc, host_buffer=buffer, cpu_places=places)
+    expected = buffer.clone()
+    blocks, chunk_ids = rng.permutation(16)[:5], rng.permutation(chunks)[:3]
+    assert handler.store("s", GPUSpec(blocks, [5], [1]), CPUSpec(chunk_ids))
+    for i, b in enumerate(blocks):  # block i: chunk (1 + i) // 2, sub-block (1 + i) % 2
+        c, sub = chunk_ids[(1 + i) // bpc], (1 + i) % bpc
+        for (offset, stride), page, t in zip(places[0], pages, gpu[0]):
+            at = offset + c * stride + sub * page
+            expected[at:at + page] = t[b]
+    handler.wait(["s"])
+    assert all(r.success for r in handler.get_finished())
+    assert torch.equal(buffer, expected)
+    targets = rng.permutation(16)[:5]
+    for t in gpu[0]:
+        t[targets] = POISON
+    assert handler.load("l", CPUSpec(chunk_ids), GPUSpec(targets, [5], [1]))
+    handler.wait(["l"])
+    assert all(r.success for r in handler.get_finished())
+    for t, page, (offset, stride) in zip(gpu[0], pages, places[0]):
+        for i, b in enumerate(targets):
+            c, sub = chunk_ids[(1 + i) // bpc], (1 + i) % bpc
+            at = offset + c * stride + sub * page
+            assert torch.equal(t[b], buffer[at:at + page])
+    handler.shutdown()
+
+
+@pytest.mark.parametrize("places,kwargs,error,message", [
+    ([[(0, 256), (128, 256)]], {"buffer": False}, ValueError, r"cpu_places: places chunks in a host_buffer"),
+    ([[(0, 256)]], {}, ValueError, r"cpu_places\[0\]: expected 2 \(offset, stride\) pairs"),
+    ([[(0, 256), (128, 64)]], {}, ValueError, r"cpu_places\[0\]\[1\]\[1\]: must be >= 128"),
+    ([[(0, 256), (-1, 256)]], {}, ValueError, r"cpu_places\[0\]\[1\]\[0\]: must be >= 0"),
+    ([[(0, 256), (200, 256)]], {}, ValueError, r"cpu_places\[0\]\[1\]: chunk 3 ends at byte 1096, past the 1024"),
+    ([[(0, 256), (64, 256)]], {}, ValueError, r"group 0 tensor 0 and group 0 tensor 1 overlap on the CPU side"),
+    ([[(0, 256), "ab"]], {}, TypeError, r"cpu_places\[0\]\[1\]: expected \(offset, stride\)"),
+])
+def test_bad_cpu_places_are_named(places, kwargs, error, message):
+    gpu = [[torch.zeros((8, 64), dtype=torch.uint8), torch.zeros((8, 64), dtype=torch.uint8)]]
+    buffer = torch.full((1024,), POISON, dtype=torch.uint8)
+    with pytest.raises(error, match=message):
+        OffloadHandler(gpu, 4, 2, host_buffer=buffer if kwargs.get("buffer", True) else None, cpu_places=places)
+    assert bool((buffer == POISON).all())
+
+
 def test_host_buffer_too_small_is_rejected():
     gpu = [[torch.zeros((8, 128), dtype=torch.uint8)]]
     with pytest.raises(ValueError, match=r"host_buffer: holds 100 bytes, the layout needs 4096"):

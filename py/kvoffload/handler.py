@@ -50,7 +50,8 @@ from kvoffload.lane_accesses import LaneAccesses, LazyKeys
 from kvoffload.lane_conflicts import LaneConflicts
 from kvoffload.page_table import ChunkParts, job_arguments, job_names, key_offsets, page_table, transfer_plan
 from kvoffload.ordering import PendingWrites, safe_order
-from kvoffload.planner import (CPUSpec, GPUSpec, _require_int, check_shared, chunks_used,
+from kvoffload.cpu_places import check_places
+from kvoffload.planner import (CPUSpec, GPUSpec, KVLayout, _require_int, check_shared, chunks_used,
                                tensor_pages)
 from kvoffload.batch_copy import batch_entry_point_version, host_copy, load_kernels
 from kvoffload.copy_methods import copy_method
@@ -130,7 +131,9 @@ class OffloadHandler:
     share its blocks and its CPU region. page_bytes[g]: bytes moved per block of group
     g's tensors, an int or one per tensor (default: the whole block). host_buffer: a CPU
     tensor to use (and page-lock) as the pool instead of allocating one; ``pool_bytes``
-    says how large it must be. host_pool: how the pool is made and pinned otherwise
+    says how large it must be. cpu_places[g][t]: (offset, stride) of tensor t's chunks in
+    host_buffer, for a pool laid out by someone else (kvoffload.cpu_places), in place of
+    cpu_layout. host_pool: how the pool is made and pinned otherwise
     (kvoffload.host_pool.PoolOptions: shared, huge pages, in the background). method:
     how jobs copy on a GPU. The page methods send each job as ids (kvoffload.page_table):
     "pages" (the default) chooses per direction from the layout (kvoffload.page_methods;
@@ -153,7 +156,8 @@ class OffloadHandler:
 
     def __init__(self, gpu_tensors: Sequence[Sequence], num_cpu_chunks: int | Sequence[int],
                  blocks_per_chunk: int, *, page_bytes: Sequence[int] | None = None,
-                 cpu_layout: str = "chunk_major", host_buffer=None, expedited_loads: bool = False,
+                 cpu_layout: str = "chunk_major", host_buffer=None, cpu_places=None,
+                 expedited_loads: bool = False,
                  method: str = "pages", max_slowdown: float | None = auto.MAX_SLOWDOWN,
                  page_ctas: int = page_methods.PAGE_CTAS,
                  host_pool: PoolOptions | None = None):
@@ -208,9 +212,17 @@ class OffloadHandler:
                         registered.add(view)
                         self.registry.register_tensor(f"gpu_tensors[{g}][{i}]", t)
         owners = tensor_owners(gpu_tensors)
-        self.pool = HostPool(pool_bytes(pages, num_cpu_chunks, blocks_per_chunk, owners), buffer=host_buffer,
-                             pinned=on_gpu, device=device.index or 0, options=host_pool,
-                             chunk_runs=chunk_runs(pages, num_cpu_chunks, blocks_per_chunk, cpu_layout, owners))
+        if cpu_places is None:
+            need = pool_bytes(pages, num_cpu_chunks, blocks_per_chunk, owners)
+            runs = chunk_runs(pages, num_cpu_chunks, blocks_per_chunk, cpu_layout, owners)
+        elif host_buffer is None:
+            raise ValueError("cpu_places: places chunks in a host_buffer, and none was given")
+        else:  # the buffer is registered whole: no runs to respect
+            cpu_places, need = check_places(cpu_places, pages, num_cpu_chunks, blocks_per_chunk,
+                                            host_buffer.numel() * host_buffer.element_size())
+            runs = ()
+        self.pool = HostPool(need, buffer=host_buffer, pinned=on_gpu, device=device.index or 0,
+                             options=host_pool, chunk_runs=runs)
         try:
             shared = self.registry.overlapping(*tensor_span(self.pool.tensor))  # all of a host_buffer
             if shared:
@@ -219,8 +231,13 @@ class OffloadHandler:
                 self.registry.register("host pool", self.pool.base, self.pool.nbytes, MemoryKind.HOST)
             if host_buffer is not None:
                 self.registry.watch("host_buffer", host_buffer)  # held, and refused if swapped
-            self.layout = kv_layout(gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk,
-                                    self.pool.base, cpu_layout)
+            if cpu_places is None:
+                self.layout = kv_layout(gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk,
+                                        self.pool.base, cpu_layout)
+            else:
+                self.layout = KVLayout.from_parts(
+                    gpu_tensors, pages, [[(self.pool.base + o, s) for o, s in group] for group in cpu_places],
+                    num_cpu_chunks, blocks_per_chunk)
         except Exception:
             self.pool.release()  # a host_buffer page-locked here is unlocked again
             raise
