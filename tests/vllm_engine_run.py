@@ -46,6 +46,7 @@ class RunOptions:
     max_num_seqs: int | None = None
     tier: bool = False  # KVOffloadTieringSpec with vLLM's fs tier on tier_dir
     poison_tier: bool = False  # overwrite the fs tier's files before the last pass
+    canonical: bool = False  # canonical_layout=True (with tier)
 
 
 def write_model(model_dir: str, hybrid: bool) -> None:
@@ -288,6 +289,8 @@ def run(opts: RunOptions) -> dict:
         if opts.tier:
             connector["secondary_tiers"] = [{"type": "fs", "root_dir": tier_dir(opts),
                                              "n_read_threads": 2, "n_write_threads": 2}]
+            if opts.canonical:
+                connector["canonical_layout"] = True
         kwargs["kv_transfer_config"] = KVTransferConfig(
             kv_connector="OffloadingConnector", kv_role="kv_both",
             kv_connector_extra_config=connector, **extra)
@@ -331,6 +334,7 @@ def run(opts: RunOptions) -> dict:
             "groups": len(handler.gpu_tensors),
             "tensors": [len(g) for g in handler.gpu_tensors],
             "pool_bytes": handler.pool.tensor.numel(),
+            "handler_tensors": [len(g) for g in handler.gpu_tensors],
         }
     result["kvoffload"] = {"jobs": TALLY.jobs, "bytes": TALLY.bytes, "failed": TALLY.failed,
                            "overlaps": TALLY.overlaps}

@@ -159,7 +159,7 @@ def test_many_requests_on_shared_prefixes_agree_with_the_connector_stats():
     assert m["vllm:kv_offload_load_bytes"] == m["vllm:external_prefix_cache_hits"] * BLOCK_BYTES // BLOCK_SIZE
 
 
-def test_blocks_evicted_to_the_fs_tier_come_back_with_the_same_tokens():
+def test_blocks_evicted_to_the_fs_tier_come_back_with_the_same_tokens_canonical_or_not():
     # KVOffloadTieringSpec: 6 prompts of 8 blocks on a CPU pool of 16, vLLM's fs tier
     # behind it, 2 requests at a time. Pass 2 finds the first prompts' blocks only on
     # disk: vLLM promotes them into kvoffload's pool (its SharedOffloadRegion), and
@@ -180,6 +180,12 @@ def test_blocks_evicted_to_the_fs_tier_come_back_with_the_same_tokens():
     assert poisoned["passes"][0] == base["passes"][0]
     assert _differ(poisoned["passes"][1], base["passes"][1]) > 0, \
         "overwritten tier files left every token unchanged: the promoted blocks were not used"
+    # canonical_layout=True: the region holds vLLM's parallelism-free pages (at TP 1, each
+    # a layer's whole page), and the tokens are the same.
+    canonical = _succeeded(run(tier=True, canonical=True, **options))
+    assert canonical["passes"] == base["passes"]
+    assert canonical["metrics"]["vllm:kv_offload_tiering_read_bytes"] > 0
+    _assert_stats_agree(canonical)
 
 
 @pytest.mark.parametrize("policy", ["recompute", "fail"])

@@ -106,7 +106,7 @@ def test_replicated_layout_shares_one_pool_rank_0_stores_every_rank_loads(monkey
 
 
 def test_canonical_layout_is_refused_naming_the_key():
-    with pytest.raises(ValueError, match=r"kv_connector_extra_config: canonical_layout=True is not supported"):
+    with pytest.raises(ValueError, match=r"kv_connector_extra_config: canonical_layout=True: vLLM keeps canonical pages only in its tiering spec's region; use \"spec_name\": \"KVOffloadTieringSpec\""):
         KVOffloadSpec(config(canonical_layout=True))
 
 

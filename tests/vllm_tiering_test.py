@@ -14,8 +14,9 @@ from vllm_cache import POISON, VllmCache, finish, job
 
 if vllm_env.LIGHT:
     pytest.skip("the light vLLM bundle has no vllm.config", allow_module_level=True)
-from vllm.v1.kv_offload.base import (GPULoadStoreSpec, LookupResult, ReqContext, ScheduleEndContext,
-                                     make_offload_key)
+from vllm.v1.kv_offload.base import (CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor,
+                                     CanonicalPageMapping, CopyRun, GPULoadStoreSpec, LookupResult,
+                                     ReqContext, ScheduleEndContext, make_offload_key)
 from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig, OffloadingGroupConfig,
                                        OffloadingModelConfig, OffloadingParallelConfig)
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
@@ -252,34 +253,21 @@ def test_a_job_outside_the_region_is_refused_naming_the_vllm_field(tmp_path):
 
 
 @pytest.mark.parametrize("make, message", [
-    # Two ranks' slots side by side in each row: kvoffload's pool cannot skip the other's.
-    (lambda d: (config(extra(d), world_size=2), ROWS, REFS),
-     r"kvoffload's pool cannot lay its chunks out as vLLM's SharedOffloadRegion does: a chunk's row of "
-     r"vLLM's region is 16384 bytes and this worker's slot in it 8192 \(OffloadingConfig\.parallel\.world_size"),
-    # A row of 2 * 3 * 96 bytes, which vLLM rounds up to 4 KiB.
-    (lambda d: (config(extra(d), rows=[96] * 3), [96] * 3, [[(0, 96), (1, 96), (2, 96)]]),
-     r"row of vLLM's region is 4096 bytes and this worker's slot in it 576 .*rounded up to the 4 KiB page"),
     (lambda d: (config(extra(d)), ROWS, [[(0, 1024), (1, 1000), (2, 2048)]]),
      r"kv_caches\.group_data_refs\[0\]\[1\]\.page_size_bytes: 1000 is less than "
      r"kv_caches\.tensors\[1\]\.page_size_bytes=1024"),
     (lambda d: (config(extra(d), worker_bytes=2048), ROWS, REFS),
-     r"kv_caches\.tensors: 3 tensors of page_size_bytes \[1024, 1024, 2048\] need 8192 bytes per chunk "
-     r".*more than the 4096 of vLLM's region slot \(OffloadingConfig\.worker_kv_bytes_per_block"),
-    # A tensor no group references still has its place in vLLM's row.
-    (lambda d: (config(extra(d)), ROWS, [[(0, 1024), (2, 2048)]]),
-     r"kv_caches\.tensors\[1\]: no kv_caches\.group_data_refs entry references it, but vLLM's region "
-     r"keeps its place in every chunk row"),
-    # Tensors referenced in another order than vLLM's row has them.
-    (lambda d: (config(extra(d)), ROWS, [[(1, 1024), (0, 1024), (2, 2048)]]),
-     r"kv_caches\.group_data_refs\[0\]\[0\] \(kv_caches\.tensors\[1\]\) would start at byte 0 of the "
-     r"slot with chunks 8192 bytes apart; vLLM's view has it at 2048, 8192 apart"),
+     r"kv_caches\.tensors: 3 tensors of page_size_bytes \[1024, 1024, 2048\] need 8192 bytes per chunk, "
+     r"more than the 4096 of this worker's slot in a row of vLLM's region \(OffloadingConfig\.worker_kv_bytes_per_block"),
     (lambda d: (config(extra(d)), ROWS, [[(3, 1024)]]),
      r"kv_caches\.group_data_refs\[0\]\[0\]\.tensor_idx: 3 is out of range \[0, 3\)"),
     (lambda d: (config(extra(d, kvoffload_cpu_layout="per_tensor")), ROWS, REFS),
-     r"kv_connector_extra_config: kvoffload_cpu_layout='per_tensor' does not match vLLM's "
-     r"SharedOffloadRegion, which this cache lays out as 'chunk_major'"),
+     r"kv_connector_extra_config: kvoffload_cpu_layout='per_tensor' cannot be given: the layout is that of "
+     r"vLLM's SharedOffloadRegion"),
     (lambda d: (config(extra(d, cpu_bytes_to_use=4096)), ROWS, REFS),
      r"kv_connector_extra_config: cpu_bytes_to_use=4096 holds no chunk of 8192 bytes"),
+    (lambda d: (config(extra(d), canonical_layout=True), ROWS, REFS),
+     r"kv_connector_extra_config: canonical_layout=True needs one GPU block per offloaded block"),
 ])
 def test_caches_the_region_cannot_hold_are_refused_naming_the_field(tmp_path, caplog, make, message):
     cfg, rows, refs = make(tmp_path)
@@ -292,6 +280,153 @@ def test_caches_the_region_cannot_hold_are_refused_naming_the_field(tmp_path, ca
     assert "Keeping" not in caplog.text  # ...and unmapped: no view of it was left behind
 
 
-def test_canonical_layout_is_refused_naming_the_key(tmp_path):
-    with pytest.raises(ValueError, match=r"kv_connector_extra_config: canonical_layout=True is not supported"):
-        KVOffloadTieringSpec(config(extra(tmp_path), canonical_layout=True))
+def check_round_trip(rng, spec, cache, refs, bpc=BPC, rank_views=None):
+    """A store of random blocks lands where vLLM's own worker views have each page (row c of
+    the region, sub-block j), and loads back into other, poisoned blocks."""
+    manager = spec.get_manager()
+    tier_view = np.frombuffer(manager.primary_tier.get_kv_memoryview(), dtype=np.uint8).reshape(
+        spec.num_chunks, -1)
+    worker = spec.get_worker(cache.kv_caches)
+    region_base = worker.region.base_tensor.data_ptr()
+    n = [int(rng.integers(3, 8)) for _ in refs]
+    blocks = rng.permutation(NUM_BLOCKS)
+    src = [blocks[sum(n[:g]):sum(n[:g + 1])] for g in range(len(refs))]
+    dst = [blocks[sum(n) + sum(n[:g]):sum(n) + sum(n[:g + 1])] for g in range(len(refs))]
+    used = [(k + bpc - 1) // bpc for k in n]
+    chunk_ids = rng.permutation(spec.num_chunks)
+    chunks = [chunk_ids[sum(used[:g]):sum(used[:g + 1])] for g in range(len(refs))]
+    tier_view[:] = POISON & 0xFF
+    snapshot = cache.snapshot()
+    started = time.perf_counter()
+    assert worker.submit_store(1, *job(src, [0] * len(refs), chunks, bpc))
+    finish(worker, {1}, started)
+    for g, group in enumerate(refs):
+        for i, page in group:
+            at = worker.region_views[i].data_ptr() - region_base  # in vLLM's row
+            for k, b in enumerate(src[g]):
+                c, j = chunks[g][k // bpc], k % bpc
+                assert np.array_equal(tier_view[c, at + j * page:at + (j + 1) * page],
+                                      snapshot[i][b, :page].numpy().view(np.uint8)), (g, i, k)
+    for g in range(len(refs)):
+        cache.poison(g, dst[g])
+    started = time.perf_counter()
+    gpu, cpu = job(dst, [0] * len(refs), chunks, bpc)
+    assert worker.submit_load(2, cpu, gpu)
+    finish(worker, {2}, started)
+    for g in range(len(refs)):
+        cache.assert_blocks(snapshot, g, src[g], dst[g])
+    worker.shutdown()
+    del tier_view
+    manager.shutdown()
+
+
+@pytest.mark.parametrize("make", [
+    # Two ranks' slots side by side in each row: this worker's is the second.
+    lambda d: (config(extra(d), world_size=2, rank=1), ROWS, REFS),
+    # A row of 2 * 3 * 96 bytes, which vLLM rounds up to 4 KiB.
+    lambda d: (config(extra(d), rows=[96] * 3), [96] * 3, [[(0, 96), (1, 96), (2, 96)]]),
+    # A tensor no group references keeps its place in vLLM's row.
+    lambda d: (config(extra(d)), ROWS, [[(0, 1024), (2, 2048)]]),
+    # Tensors referenced in another order than vLLM's row has them.
+    lambda d: (config(extra(d)), ROWS, [[(1, 1024), (0, 1024), (2, 2048)]]),
+], ids=["second rank's slot", "row rounded up", "unreferenced tensor", "refs out of row order"])
+def test_caches_laid_out_otherwise_in_the_region_go_where_vllms_views_have_them(tmp_path, make):
+    cfg, rows, refs = make(tmp_path)
+    spec = KVOffloadTieringSpec(cfg)
+    check_round_trip(np.random.default_rng(9), spec, VllmCache(np.random.default_rng(4), rows, refs, NUM_BLOCKS), refs)
+
+
+def canonical_caches(rng, mappings):
+    """Two layers of 1024-byte local pages, each ref with ``mappings[layer]``."""
+    tensors = [torch.from_numpy(rng.integers(-128, 128, (NUM_BLOCKS, 1024), dtype=np.int8)) for _ in mappings]
+    return tensors, CanonicalKVCaches(
+        [CanonicalKVCacheTensor(t, 1024) for t in tensors],
+        [[CanonicalKVCacheRef(i, 1024, m) for i, m in enumerate(mappings)]])
+
+
+def tp2_mapping(rank):
+    """A layer of 2 KV heads per rank as vLLM maps it at TP 2 (NHD): per token, this rank's
+    128 bytes of K (then of V) go beside the other rank's in a 2048-byte canonical page."""
+    return CanonicalPageMapping(2048, 1024, (CopyRun(0, rank * 128, 128, 4, 128, 256),
+                                             CopyRun(512, 1024 + rank * 128, 128, 4, 128, 256)), 1, 0, True)
+
+
+def canonical_page(locals_by_rank, mappings_by_rank, size):
+    """The oracle: the canonical page the ranks' local pages make, run by run."""
+    page = np.full(size, POISON & 0xFF, np.uint8)
+    for local, m in zip(locals_by_rank, mappings_by_rank):
+        for run in m.runs:
+            for k in range(run.num_fragments):
+                lo, co = run.local_offset + k * run.local_stride, run.canonical_offset + k * run.canonical_stride
+                page[co:co + run.fragment_size] = local[lo:lo + run.fragment_size]
+    return page
+
+
+def test_canonical_pages_are_the_ranks_fragments_side_by_side_and_load_back(tmp_path):
+    rng = np.random.default_rng(12)
+    engine = engine_id()
+    cfgs = [config(extra(tmp_path), world_size=2, rank=r, bpc=1, worker_bytes=2048, engine=engine,
+                   canonical_layout=True, kv_cache_layout="LBNHC") for r in range(2)]
+    specs = [KVOffloadTieringSpec(c) for c in cfgs]
+    manager = specs[0].get_manager()
+    tier_view = np.frombuffer(manager.primary_tier.get_kv_memoryview(), dtype=np.uint8).reshape(
+        specs[0].num_chunks, -1)
+    tier_view[:] = POISON & 0xFF
+    caches = [canonical_caches(np.random.default_rng(20 + r), [tp2_mapping(r)] * 2) for r in range(2)]
+    workers = [s.get_worker(c) for s, (_, c) in zip(specs, caches)]
+    assert [len(g) for g in workers[0].handler.gpu_tensors] == [2 * 2 * 4], "a tensor per fragment"
+    blocks = rng.permutation(NUM_BLOCKS)[:6]
+    chunks = rng.permutation(specs[0].num_chunks)[:6]
+    snapshots = [[t.clone() for t in tensors] for tensors, _ in caches]
+    for r, w in enumerate(workers):
+        started = time.perf_counter()
+        assert w.submit_store(r, GPULoadStoreSpec(blocks.tolist(), [6], [0]), CPULoadStoreSpec(chunks.tolist()))
+        assert finish(w, {r}, started)[r].transfer_size == 6 * 2 * 1024
+    for k, (b, c) in enumerate(zip(blocks, chunks)):
+        for layer in range(2):
+            want = canonical_page([snapshots[r][layer][b].numpy().view(np.uint8) for r in range(2)],
+                                  [tp2_mapping(r) for r in range(2)], 2048)
+            assert np.array_equal(tier_view[c, layer * 2048:(layer + 1) * 2048], want), (k, layer)
+    targets = rng.permutation(NUM_BLOCKS)[:6]
+    for r, w in enumerate(workers):
+        for t in caches[r][0]:
+            t[torch.as_tensor(targets)] = POISON
+        started = time.perf_counter()
+        assert w.submit_load(10 + r, CPULoadStoreSpec(chunks.tolist()), GPULoadStoreSpec(targets.tolist(), [6], [0]))
+        finish(w, {10 + r}, started)
+        for layer, t in enumerate(caches[r][0]):
+            assert torch.equal(t[torch.as_tensor(targets)], snapshots[r][layer][torch.as_tensor(blocks)]), (r, layer)
+    for w in workers:
+        w.shutdown()
+    del tier_view
+    manager.shutdown()
+
+
+def test_where_ranks_hold_the_same_bytes_each_stores_the_blocks_vllm_elects_it_for(tmp_path):
+    # An MLA-like layer: the whole 1024-byte page, the same on both ranks, written by rank
+    # chunk % 2. Here the ranks' pages differ, so the region shows who wrote each chunk.
+    rng = np.random.default_rng(13)
+    engine = engine_id()
+    mla = [CanonicalPageMapping(1024, 1024, (CopyRun(0, 0, 1024, 1, 1024, 1024),), 2, r, True) for r in range(2)]
+    specs = [KVOffloadTieringSpec(config(extra(tmp_path), world_size=2, rank=r, bpc=1, worker_bytes=1024,
+                                         engine=engine, canonical_layout=True, kv_cache_layout="LBNHC")) for r in range(2)]
+    manager = specs[0].get_manager()
+    tier_view = np.frombuffer(manager.primary_tier.get_kv_memoryview(), dtype=np.uint8).reshape(
+        specs[0].num_chunks, -1)
+    tier_view[:] = POISON & 0xFF
+    caches = [canonical_caches(np.random.default_rng(30 + r), [mla[r]]) for r in range(2)]
+    workers = [s.get_worker(c) for s, (_, c) in zip(specs, caches)]
+    blocks = rng.permutation(NUM_BLOCKS)[:8]
+    chunks = rng.permutation(specs[0].num_chunks)[:8]
+    for r, w in enumerate(workers):
+        started = time.perf_counter()
+        assert w.submit_store(r, GPULoadStoreSpec(blocks.tolist(), [8], [0]), CPULoadStoreSpec(chunks.tolist()))
+        mine = sum(int(c) % 2 == r for c in chunks)
+        assert finish(w, {r}, started)[r].transfer_size == mine * 1024
+    for b, c in zip(blocks, chunks):
+        writer = int(c) % 2
+        assert np.array_equal(tier_view[c, :1024], caches[writer][0][0][b].numpy().view(np.uint8)), (b, c)
+    for w in workers:
+        w.shutdown()
+    del tier_view
+    manager.shutdown()

@@ -34,8 +34,9 @@ class KVOffloadSpec(CPUOffloadingSpec):
 
     def __init__(self, config):
         if config.canonical_layout:
-            raise ValueError("kv_connector_extra_config: canonical_layout=True is not supported "
-                             "by kvoffload.vllm's worker; leave it unset")
+            raise ValueError("kv_connector_extra_config: canonical_layout=True: vLLM keeps canonical "
+                             "pages only in its tiering spec's region; use \"spec_name\": "
+                             "\"KVOffloadTieringSpec\"")
         super().__init__(config)
 
     def _uses_shared_region(self) -> bool:

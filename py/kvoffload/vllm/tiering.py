@@ -1,71 +1,77 @@
 """vLLM's tiering (a CPU primary tier and secondary tiers: ``fs``, ``obj``, ``p2p``) with
 kvoffload's GPU<->CPU worker in place of vLLM's ``CPUOffloadingWorker``.
 
-vLLM 0.33's ``TieringOffloadingSpec`` keeps its CPU chunks in a ``SharedOffloadRegion``
-(an mmap of /dev/shm/vllm_offload_<engine_id>.mmap): the scheduler side maps it whole
-and its secondary tiers read and write chunk c as row c of that mapping
-(``create_kv_memoryview()``); each worker maps it again and moves blocks through one
-view per KV-cache tensor (``create_next_worker_view``). ``KVOffloadTieringSpec`` keeps
-the spec, its manager and its tiers as they are, and overrides only ``create_worker``
-(where vLLM builds ``CPUOffloadingWorker(mmap_region=...)``): kvoffload's handler gets
-the worker's region as its pool, so the bytes a store writes are the bytes the tiers
-read, and a chunk a tier promotes is what a load reads.
+vLLM's ``TieringOffloadingSpec`` keeps its CPU chunks in a ``SharedOffloadRegion`` (an
+mmap of /dev/shm/vllm_offload_<engine_id>.mmap): the scheduler side maps it whole and
+its secondary tiers read and write chunk c as row c of that mapping; each worker maps
+it again and moves blocks through one view per KV-cache tensor. ``KVOffloadTieringSpec``
+keeps the spec, its manager and its tiers as they are, and overrides only
+``create_worker``: kvoffload's handler takes the worker's views as they lie in the
+region (``cpu_places``), so the bytes a store writes are the bytes the tiers read, and a
+chunk a tier promotes is what a load reads.
+
+With ``canonical_layout=True`` the region holds vLLM's parallelism-free pages (one per
+block, ``CanonicalPageMapping``): each local page moves as the fragments its mapping
+gives, each fragment a tensor of the handler's (a column slice of the GPU tensor, placed
+where its canonical bytes go), so the page table addresses them on the GPU like any
+other pages. Where several ranks hold the same bytes, each stores only the blocks vLLM
+elects it the writer of.
 
 Select it with ``kv_connector_extra_config={"spec_name": "KVOffloadTieringSpec",
 "spec_module_path": "kvoffload.vllm", "cpu_bytes_to_use": N, "secondary_tiers":
 [{"type": "fs", "root_dir": "/path"}]}``; the ``kvoffload_*`` keys of KVOffloadSpec
-apply.
-
-The handler takes one contiguous pool in one of its layouts (kvoffload.host_pool), so
-the region must lay its views out as that pool would: every tensor of the cache in one
-row per chunk, in ``kv_caches.tensors`` order, each holding ``blocks_per_chunk`` whole
-pages (``page_size_bytes`` of every reference equal to its tensor's when a chunk holds
-more than one block), and no padding at the row's end. That is one engine rank (or
-vLLM's replicated layout) with a row a multiple of the 4 KiB page. Other caches are
-refused, before anything is mapped into the handler, with the vLLM field that differs.
+apply, but for ``kvoffload_cpu_layout``: the layout is the region's. A chunk of more
+than one block needs unpadded pages, and canonical pages one block per chunk.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+from vllm.v1.kv_offload.base import GPULoadStoreSpec
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-from kvoffload.host_pool import CPU_LAYOUTS, cpu_tensor_layouts, pool_bytes, tensor_owners
 from kvoffload.vllm.spec import HANDLER_OPTIONS
 from kvoffload.vllm.worker import KVOffloadWorker, _block_view, group_tensors
 
 
 class KVOffloadRegionWorker(KVOffloadWorker):
-    """KVOffloadWorker whose pool is ``region``'s memory: one worker view per tensor of
-    ``kv_caches`` (as vLLM's CPUOffloadingWorker takes them), handed to the handler as
-    its ``host_buffer`` in the layout that puts every page where vLLM's view has it.
-    Owns ``region`` once constructed: ``shutdown()`` releases it after the handler."""
+    """KVOffloadWorker whose pool is ``region``'s memory, each tensor (or canonical
+    fragment) where vLLM's worker view has it. Owns ``region`` once constructed:
+    ``shutdown()`` releases it after the handler."""
 
     def __init__(self, kv_caches, blocks_per_chunk: int, num_cpu_chunks: int,
-                 region: SharedOffloadRegion, **handler_options):
-        for key in ("host_buffer", "host_pool"):
+                 region: SharedOffloadRegion, canonical_layout: bool = False, **handler_options):
+        for key in ("host_buffer", "host_pool", "cpu_places"):
             if key in handler_options:
                 raise ValueError(f"{key}: the pool is vLLM's SharedOffloadRegion; it cannot be given")
+        if "cpu_layout" in handler_options:
+            raise ValueError(f"kv_connector_extra_config: kvoffload_cpu_layout="
+                             f"{handler_options['cpu_layout']!r} cannot be given: the layout is that of "
+                             "vLLM's SharedOffloadRegion; leave it unset")
         self.region = self.region_views = None
-        layout, start, nbytes, views = _region_pool(kv_caches, blocks_per_chunk, num_cpu_chunks, region)
-        wanted = handler_options.pop("cpu_layout", layout)
-        if wanted != layout:
-            views.clear()
-            raise ValueError(f"kv_connector_extra_config: kvoffload_cpu_layout={wanted!r} does not "
-                             f"match vLLM's SharedOffloadRegion, which this cache lays out as {layout!r}; "
-                             "leave it unset")
-        self.region, self.region_views = region, views
+        pool = _region_pool(kv_caches, blocks_per_chunk, num_cpu_chunks, region, canonical_layout)
+        self.region, self.region_views = region, pool.views
+        self._writers = pool.writers
         try:
-            super().__init__(kv_caches, blocks_per_chunk, num_cpu_chunks, cpu_layout=layout,
-                             host_buffer=region.base_tensor[start:start + nbytes], **handler_options)
+            super().__init__(kv_caches, blocks_per_chunk, num_cpu_chunks, handler_tensors=(pool.gpu, pool.pages),
+                             host_buffer=pool.buffer, cpu_places=pool.places, **handler_options)
         except BaseException:
-            self.region_views = views = None  # so that the caller's region.cleanup() can unmap it
+            self.region_views = pool = None  # so that the caller's region.cleanup() can unmap it
             raise
         try:
-            _check_handler(self.handler.layout, kv_caches, views)
+            _check_handler(self.handler.layout, pool)
         except BaseException:
             self.shutdown()
             raise
+
+    def submit_store(self, job_id, src_spec, dst_spec) -> bool:
+        if any(w is not None for w in self._writers) and isinstance(src_spec, GPULoadStoreSpec) \
+                and isinstance(dst_spec, CPULoadStoreSpec):
+            src_spec, dst_spec = _written(src_spec, dst_spec, self._writers)
+        return super().submit_store(job_id, src_spec, dst_spec)
 
     def shutdown(self) -> None:
         """Waits for every job, releases the handler, then the region (vLLM's mapping of
@@ -90,12 +96,6 @@ class KVOffloadTieringSpec(TieringOffloadingSpec):
     secondary tiers unchanged), with KVOffloadRegionWorker moving blocks between the GPU
     and the CPU primary tier's SharedOffloadRegion."""
 
-    def __init__(self, config):
-        if config.canonical_layout:
-            raise ValueError("kv_connector_extra_config: canonical_layout=True is not supported "
-                             "by kvoffload.vllm's worker; leave it unset")
-        super().__init__(config)
-
     def create_worker(self, kv_caches) -> KVOffloadRegionWorker:
         # What TieringOffloadingSpec.create_worker does, with kvoffload's worker.
         if self.num_chunks <= 0:
@@ -104,6 +104,12 @@ class KVOffloadTieringSpec(TieringOffloadingSpec):
                 f"holds no chunk of {self.kv_bytes_per_chunk} bytes (OffloadingConfig."
                 f"worker_kv_bytes_per_block={self.config.worker_kv_bytes_per_block}, "
                 f"blocks_per_chunk={self.blocks_per_chunk})")
+        canonical = bool(self.config.canonical_layout)
+        if canonical and self.blocks_per_chunk != 1:
+            raise ValueError(
+                f"kv_connector_extra_config: canonical_layout=True needs one GPU block per offloaded "
+                f"block; block_size={self.extra_config.get('block_size')!r} makes blocks_per_chunk="
+                f"{self.blocks_per_chunk}")
         options = {option: self.extra_config[key] for key, option in HANDLER_OPTIONS.items()
                    if key in self.extra_config}
         rank = 0 if self.replicated_layout else self.config.parallel.rank
@@ -115,7 +121,10 @@ class KVOffloadTieringSpec(TieringOffloadingSpec):
             cpu_page_size=self.cpu_page_size_per_worker,
         )
         try:
-            return KVOffloadRegionWorker(kv_caches, self.blocks_per_chunk, self.num_chunks, region, **options)
+            if canonical:
+                self._validate_canonical_refs(kv_caches)  # vLLM's: every ref has a mapping
+            return KVOffloadRegionWorker(kv_caches, self.blocks_per_chunk, self.num_chunks, region,
+                                         canonical_layout=canonical, **options)
         except Exception:
             region.cleanup()
             raise
@@ -128,80 +137,104 @@ class KVOffloadTieringSpec(TieringOffloadingSpec):
         return self._worker
 
 
-def _region_pool(kv_caches, blocks_per_chunk, num_chunks, region):
-    """(cpu_layout, byte offset of the pool in the region, pool bytes, the region's
-    worker views, one per tensor) for a cache whose pages kvoffload's pool puts exactly
-    where the region's views have them; ValueError naming the field otherwise."""
+@dataclasses.dataclass
+class _RegionPool:
+    """What the handler takes: its GPU tensors [group][tensor] (whole pages, or canonical
+    fragments) with the bytes each moves a block, their places in ``buffer`` (a span of
+    the region), vLLM's views (held until shutdown), and per group the (num_writers,
+    writer_index) of a canonical store (None: every block)."""
+
+    gpu: list
+    pages: list
+    places: list
+    buffer: object
+    views: list
+    writers: list
+
+
+def _region_pool(kv_caches, blocks_per_chunk, num_chunks, region, canonical) -> _RegionPool:
     tensors = list(getattr(kv_caches, "tensors", None) or ())
     if not tensors:
         raise ValueError("kv_caches.tensors: no tensors to offload")
     gpu = [_block_view(t, f"kv_caches.tensors[{i}]") for i, t in enumerate(tensors)]
-    slot = _slot_bytes(region)
-    need = blocks_per_chunk * sum(t.page_size_bytes for t in tensors)
-    if need > slot:
-        raise ValueError(
-            f"kv_caches.tensors: {len(tensors)} tensors of page_size_bytes "
-            f"{[t.page_size_bytes for t in tensors]} need {need} bytes per chunk "
-            f"(blocks_per_chunk={blocks_per_chunk}), more than the {slot} of vLLM's region slot "
-            "(OffloadingConfig.worker_kv_bytes_per_block * blocks_per_chunk)")
-    # The views vLLM's CPUOffloadingWorker takes, in its order.
-    views = [region.create_next_worker_view(blocks_per_chunk * t.page_size_bytes) for t in tensors]
+    gpu_groups, pages = group_tensors(kv_caches, gpu)
+    if canonical:
+        sizes = _canonical_sizes(kv_caches, len(tensors))
+        views = _views(tensors, lambda i, t: region.create_next_canonical_view(sizes[i] * blocks_per_chunk),
+                       [s * blocks_per_chunk for s in sizes], region._row_stride, "a row of vLLM's region")
+    else:
+        if blocks_per_chunk > 1:
+            _refuse_padding(kv_caches, tensors, blocks_per_chunk)
+        views = _views(tensors, lambda i, t: region.create_next_worker_view(blocks_per_chunk * t.page_size_bytes),
+                       [blocks_per_chunk * t.page_size_bytes for t in tensors], _slot_bytes(region),
+                       "this worker's slot in a row of vLLM's region")
     try:
-        return _check_pool(kv_caches, blocks_per_chunk, num_chunks, region, tensors, gpu, views, need)
+        base = region.base_tensor.data_ptr()
+        starts = [v.data_ptr() - base for v in views]
+        ends = [s + (num_chunks - 1) * v.stride(0) + v.shape[1] for s, v in zip(starts, views)]
+        first, last = min(starts), max(ends)
+        buffer = region.base_tensor[first:last]
+        gpu_out, pages_out, places, writers = [], [], [], []
+        for g, refs in enumerate(kv_caches.group_data_refs):
+            gpu_out.append([]), pages_out.append([]), places.append([])
+            group_writers = set()
+            for r, ref in enumerate(refs):
+                view, start = views[ref.tensor_idx], starts[ref.tensor_idx] - first
+                if not canonical:
+                    gpu_out[g].append(gpu_groups[g][r])
+                    pages_out[g].append(pages[g][r])
+                    places[g].append((start, view.stride(0)))
+                    continue
+                m = ref.mapping
+                group_writers.add((m.num_writers, m.writer_index))
+                for run in m.runs:
+                    for k in range(run.num_fragments):
+                        local = run.local_offset + k * run.local_stride
+                        gpu_out[g].append(gpu_groups[g][r][:, local:local + run.fragment_size])
+                        pages_out[g].append(run.fragment_size)
+                        places[g].append((start + run.canonical_offset + k * run.canonical_stride,
+                                          view.stride(0)))
+            if len(group_writers) > 1:
+                raise ValueError(f"kv_caches.group_data_refs[{g}]: its refs' mappings elect different "
+                                 f"writers ({sorted(group_writers)} as (num_writers, writer_index)); "
+                                 "kvoffload stores one set of blocks per group")
+            writer = group_writers.pop() if group_writers else None
+            writers.append(writer if writer is not None and writer[0] > 1 else None)
+        return _RegionPool(gpu_out, pages_out, places, buffer, views, writers)
     except BaseException:
         views.clear()  # the traceback keeps this frame: no view of the region may stay in it
         raise
 
 
-def _check_pool(kv_caches, blocks_per_chunk, num_chunks, region, tensors, gpu, views, need):
-    slot = _slot_bytes(region)
-    gpu_groups, pages = group_tensors(kv_caches, gpu)
-    if blocks_per_chunk > 1:
-        for g, refs in enumerate(kv_caches.group_data_refs):
-            for r, ref in enumerate(refs):
-                padded = tensors[ref.tensor_idx].page_size_bytes
-                if ref.page_size_bytes != padded:
-                    raise ValueError(
-                        f"kv_caches.group_data_refs[{g}][{r}].page_size_bytes: {ref.page_size_bytes} is "
-                        f"less than kv_caches.tensors[{ref.tensor_idx}].page_size_bytes={padded}; vLLM's "
-                        f"region keeps the {blocks_per_chunk} blocks of a chunk {padded} bytes apart, "
-                        "kvoffload's pool page_size_bytes apart (a padded page needs blocks_per_chunk=1)")
-    referenced = {ref.tensor_idx for refs in kv_caches.group_data_refs for ref in refs}
-    for i in range(len(tensors)):
-        if i not in referenced:
-            raise ValueError(f"kv_caches.tensors[{i}]: no kv_caches.group_data_refs entry references it, "
-                             "but vLLM's region keeps its place in every chunk row, which kvoffload's "
-                             "pool cannot skip")
-    counts = [num_chunks] * len(pages)
-    owners = tensor_owners(gpu_groups)
-    nbytes = pool_bytes(pages, counts, blocks_per_chunk, owners)
-    base = views[0].data_ptr()
-    region_base = region.base_tensor.data_ptr()
-    available = region.total_size_bytes - (base - region_base)
-    first_mismatch = None
-    for layout in CPU_LAYOUTS:
-        where = cpu_tensor_layouts(pages, counts, blocks_per_chunk, base, layout, owners)
-        mismatch = _first_mismatch(kv_caches, views, where)
-        if mismatch is None and nbytes <= available:
-            return layout, base - region_base, nbytes, views
-        if first_mismatch is None:
-            first_mismatch = mismatch
-    row = region._row_stride
-    why = []
-    if row != slot:
-        why.append(f"a chunk's row of vLLM's region is {row} bytes and this worker's slot in it {slot} "
-                   "(OffloadingConfig.parallel.world_size > 1 without replicated_layout, or "
-                   "kv_bytes_per_chunk rounded up to the 4 KiB page)")
-    if need != slot:
-        why.append(f"the tensors fill {need} of the slot's {slot} bytes "
-                   "(a kv_caches.tensors[i].page_size_bytes that OffloadingConfig."
-                   "worker_kv_bytes_per_block does not count)")
-    if first_mismatch is not None:
-        why.append(first_mismatch)
-    if nbytes > available:
-        why.append(f"kvoffload's pool needs {nbytes} bytes, {available} are left in the region")
-    raise ValueError("kv_caches: kvoffload's pool cannot lay its chunks out as vLLM's "
-                     "SharedOffloadRegion does: " + "; ".join(why))
+def _views(tensors, make, need, limit, where) -> list:
+    """The region's views of every tensor, in vLLM's order, once they are known to fit."""
+    if sum(need) > limit:
+        raise ValueError(
+            f"kv_caches.tensors: {len(tensors)} tensors of page_size_bytes "
+            f"{[t.page_size_bytes for t in tensors]} need {sum(need)} bytes per chunk, more than the "
+            f"{limit} of {where} (OffloadingConfig.worker_kv_bytes_per_block * blocks_per_chunk)")
+    return [make(i, t) for i, t in enumerate(tensors)]
+
+
+def _canonical_sizes(kv_caches, count) -> list[int]:
+    """Each tensor's canonical page: the largest its refs' mappings give (vLLM's rule)."""
+    sizes = [0] * count
+    for refs in kv_caches.group_data_refs:
+        for ref in refs:
+            sizes[ref.tensor_idx] = max(sizes[ref.tensor_idx], ref.mapping.canonical_page_size_bytes)
+    return sizes
+
+
+def _refuse_padding(kv_caches, tensors, blocks_per_chunk) -> None:
+    for g, refs in enumerate(kv_caches.group_data_refs):
+        for r, ref in enumerate(refs):
+            padded = tensors[ref.tensor_idx].page_size_bytes
+            if ref.page_size_bytes != padded:
+                raise ValueError(
+                    f"kv_caches.group_data_refs[{g}][{r}].page_size_bytes: {ref.page_size_bytes} is "
+                    f"less than kv_caches.tensors[{ref.tensor_idx}].page_size_bytes={padded}; vLLM's "
+                    f"region keeps the {blocks_per_chunk} blocks of a chunk {padded} bytes apart, "
+                    "kvoffload's pool page_size_bytes apart (a padded page needs blocks_per_chunk=1)")
 
 
 def _slot_bytes(region) -> int:
@@ -210,27 +243,28 @@ def _slot_bytes(region) -> int:
     return slot if slot is not None else region._worker_area_end - region._worker_offset
 
 
-def _first_mismatch(kv_caches, views, where):
-    """Where the first reference's pages would lie elsewhere in kvoffload's pool than in
-    vLLM's view of its tensor (None: nowhere)."""
-    for g, refs in enumerate(kv_caches.group_data_refs):
-        for r, ref in enumerate(refs):
-            view = views[ref.tensor_idx]
-            ours, theirs = where[g][r], (view.data_ptr(), view.stride(0))
-            if ours != theirs:
-                base = views[0].data_ptr()
-                return (f"kv_caches.group_data_refs[{g}][{r}] (kv_caches.tensors[{ref.tensor_idx}]) would "
-                        f"start at byte {ours[0] - base} of the slot with chunks {ours[1]} bytes apart; "
-                        f"vLLM's view has it at {theirs[0] - base}, {theirs[1]} apart")
-    return None
+def _written(gpu_spec, cpu_spec, writers):
+    """The blocks of a canonical store this rank writes: vLLM elects block b of chunk c
+    (one block per chunk) to writer c % num_writers."""
+    ids, chunks = list(gpu_spec.block_ids), list(cpu_spec.block_ids)
+    block_ids, chunk_ids, sizes, at = [], [], [], 0
+    for n, writer in zip(gpu_spec.group_sizes, writers + [None] * (len(gpu_spec.group_sizes) - len(writers))):
+        pairs = list(zip(ids[at:at + n], chunks[at:at + n]))
+        if writer is not None:
+            pairs = [(b, c) for b, c in pairs if c % writer[0] == writer[1]]
+        block_ids += [b for b, _ in pairs]
+        chunk_ids += [c for _, c in pairs]
+        sizes.append(len(pairs))
+        at += n
+    return (GPULoadStoreSpec(block_ids, sizes, list(gpu_spec.block_indices)), CPULoadStoreSpec(chunk_ids))
 
 
-def _check_handler(layout, kv_caches, views):
-    """The handler's layout is the region's (a guard against kvoffload.host_pool changing)."""
-    for g, refs in enumerate(kv_caches.group_data_refs):
-        for r, ref in enumerate(refs):
-            t, view = layout.groups[g].tensors[r], views[ref.tensor_idx]
-            if (t.cpu_base, t.cpu_stride) != (view.data_ptr(), view.stride(0)):
-                raise RuntimeError(f"kvoffload: the handler put group {g} tensor {r} at "
-                                   f"{t.cpu_base:#x} stride {t.cpu_stride}, not at vLLM's view "
-                                   f"{view.data_ptr():#x} stride {view.stride(0)}")
+def _check_handler(layout, pool) -> None:
+    """The handler's layout is the region's (a guard against kvoffload.cpu_places changing)."""
+    base = pool.buffer.data_ptr()
+    for g, places in enumerate(pool.places):
+        for r, (offset, stride) in enumerate(places):
+            t = layout.groups[g].tensors[r]
+            if (t.cpu_base, t.cpu_stride) != (base + offset, stride):
+                raise RuntimeError(f"kvoffload: the handler put group {g} tensor {r} at {t.cpu_base:#x} "
+                                   f"stride {t.cpu_stride}, not at vLLM's {base + offset:#x} stride {stride}")

@@ -73,12 +73,14 @@ class KVOffloadWorker(OffloadingWorker):
     run on host threads."""
 
     def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, num_cpu_chunks: int,
-                 **handler_options):
+                 handler_tensors: tuple | None = None, **handler_options):
         views = [_block_view(t, f"kv_caches.tensors[{i}]") for i, t in enumerate(kv_caches.tensors)]
         devices = {str(v.device) for v in views}
         if len(devices) > 1:
             raise ValueError(f"kv_caches.tensors: on more than one device ({sorted(devices)})")
-        gpu_tensors, pages = group_tensors(kv_caches, views)
+        # handler_tensors: (gpu_tensors, page_bytes) of views of these tensors, in place of
+        # one per ref (canonical fragments).
+        gpu_tensors, pages = handler_tensors if handler_tensors is not None else group_tensors(kv_caches, views)
         handler_options.setdefault("expedited_loads", True)
         self.handler = OffloadHandler(gpu_tensors, num_cpu_chunks, blocks_per_chunk,
                                       page_bytes=pages, **handler_options)
