@@ -198,6 +198,18 @@ def test_chunks_placed_by_the_caller_land_there_and_nowhere_else():
     handler.shutdown()
 
 
+def test_two_tensors_placed_on_one_cpu_region_are_refused():
+    # Groups may share CPU chunks only where they reference one GPU tensor (hybrid models).
+    a, b = (torch.full((8, 64), v, dtype=torch.uint8) for v in (1, 2))
+    buffer = torch.full((1024,), POISON, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"group 0 tensor 0 and group 1 tensor 0 share their CPU chunks but "
+                                         r"not their GPU tensor"):
+        OffloadHandler([[a], [b]], 4, 1, host_buffer=buffer, cpu_places=[[(0, 256)], [(0, 256)]])
+    shared = OffloadHandler([[a], [a[:, :32]]], 4, 1, host_buffer=buffer, cpu_places=[[(0, 256)], [(0, 256)]])
+    assert shared.layout.cpu_alias == (0, 0)
+    shared.shutdown()
+
+
 @pytest.mark.parametrize("places,kwargs,error,message", [
     ([[(0, 256), (128, 256)]], {"buffer": False}, ValueError, r"cpu_places: places chunks in a host_buffer"),
     ([[(0, 256)]], {}, ValueError, r"cpu_places\[0\]: expected 2 \(offset, stride\) pairs"),

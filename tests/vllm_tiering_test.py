@@ -430,3 +430,74 @@ def test_where_ranks_hold_the_same_bytes_each_stores_the_blocks_vllm_elects_it_f
         w.shutdown()
     del tier_view
     manager.shutdown()
+
+
+def tp2_specs(tmp_path, **more):
+    engine = engine_id()
+    return [KVOffloadTieringSpec(config(extra(tmp_path, **more), world_size=2, rank=r, bpc=1, worker_bytes=2048,
+                                        engine=engine, canonical_layout=True, kv_cache_layout="LBNHC"))
+            for r in range(2)]
+
+
+@pytest.mark.parametrize("mapping, message", [
+    (CanonicalPageMapping(2048, 1024, (CopyRun(0, 0, 128, 4, 128, 256), CopyRun(512, 1920, 128, 4, 128, 256)),
+                          1, 0, True),
+     r"kv_caches\.group_data_refs\[0\]\[0\]\.mapping\.runs\[1\]: its last fragment ends at byte 2816 of "
+     r"the canonical page, which has 2048"),
+    (CanonicalPageMapping(2048, 1024, (CopyRun(0, 0, 128, 4, 128, 256), CopyRun(1024, 1024, 128, 4, 128, 256)),
+                          1, 0, True),
+     r"\.mapping\.runs\[1\]: its last fragment ends at byte 1536 of the local page, which has 1024"),
+    (CanonicalPageMapping(2048, 1024, (CopyRun(0, -64, 128, 4, 128, 256),), 1, 0, True),
+     r"\.mapping\.runs\[0\]\.canonical_offset: expected an int >= 0, got -64"),
+    (CanonicalPageMapping(2048, 512, (CopyRun(0, 0, 128, 4, 128, 256),), 1, 0, True),
+     r"\.mapping\.local_page_size_bytes: 512 is not the ref's page_size_bytes=1024"),
+])
+def test_canonical_mappings_that_leave_their_pages_are_refused_naming_the_run(tmp_path, caplog, mapping, message):
+    spec = tp2_specs(tmp_path)[0]
+    _, caches = canonical_caches(np.random.default_rng(1), [mapping, tp2_mapping(0)])
+    with pytest.raises(ValueError, match=message):
+        spec.get_worker(caches)
+    assert spec._worker is None and not os.path.exists(region_path(spec))
+    assert "Keeping" not in caplog.text
+
+
+def test_groups_mapping_one_tensor_differently_are_refused_naming_both_refs(tmp_path):
+    spec = tp2_specs(tmp_path)[0]
+    tensor = torch.zeros((NUM_BLOCKS, 1024), dtype=torch.int8)
+    split = CanonicalPageMapping(2048, 1024, (CopyRun(0, 0, 512, 1, 512, 512), CopyRun(512, 1024, 512, 1, 512, 512)),
+                                 1, 0, True)
+    caches = CanonicalKVCaches([CanonicalKVCacheTensor(tensor, 1024)],
+                               [[CanonicalKVCacheRef(0, 1024, tp2_mapping(0))], [CanonicalKVCacheRef(0, 1024, split)]])
+    with pytest.raises(ValueError, match=r"kv_caches\.group_data_refs\[1\]\[0\]\.mapping: its runs differ from "
+                                         r"those of kv_caches\.group_data_refs\[0\]\[0\]"):
+        spec.get_worker(caches)
+
+
+def test_a_handler_refused_inside_leaves_no_view_of_the_region_mapped(tmp_path, caplog):
+    spec = KVOffloadTieringSpec(config(extra(tmp_path, kvoffload_method="bogus")))
+    cache = VllmCache(np.random.default_rng(2), ROWS, REFS, NUM_BLOCKS)
+    with pytest.raises(ValueError, match=r"method: expected one of"):
+        spec.get_worker(cache.kv_caches)
+    assert not os.path.exists(region_path(spec))
+    assert "Keeping" not in caplog.text
+
+
+@pytest.mark.parametrize("blocks, chunks, message", [
+    ([0, 1], [-1, 2], r"dst_spec\.block_ids\[0\] = -1 is out of range"),
+    ([0, 1], [3, 5, 6], r"dst_spec\.block_ids: has 3 ids but the groups use 2 chunks"),
+    ([0, 10 ** 6], [2, 3], r"src_spec\.block_ids\[1\] = 1000000 is out of range"),
+    ([0, 1], [3, 3], r"dst_spec\.block_ids\[1\] = 3 appears twice"),
+])
+def test_every_writer_refuses_a_bad_store_whatever_blocks_it_writes(tmp_path, blocks, chunks, message):
+    mla = [CanonicalPageMapping(1024, 1024, (CopyRun(0, 0, 1024, 1, 1024, 1024),), 2, r, True) for r in range(2)]
+    engine = engine_id()
+    specs = [KVOffloadTieringSpec(config(extra(tmp_path), world_size=2, rank=r, bpc=1, worker_bytes=1024,
+                                         engine=engine, canonical_layout=True, kv_cache_layout="LBNHC"))
+             for r in range(2)]
+    workers = [s.get_worker(canonical_caches(np.random.default_rng(r), [mla[r]])[1]) for r, s in enumerate(specs)]
+    for w in workers:
+        with pytest.raises(ValueError, match=r"submit_store\(job_id=7\): .*" + message):
+            w.submit_store(7, GPULoadStoreSpec(blocks, [len(blocks)], [0]), CPULoadStoreSpec(chunks))
+        assert w.get_finished() == []
+    for w in workers:
+        w.shutdown()

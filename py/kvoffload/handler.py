@@ -310,6 +310,12 @@ class OffloadHandler:
         _check_specs(gpu, cpu)
         return self._transfer(job_id, Direction.LOAD, gpu, cpu, expedite)
 
+    def check(self, gpu: GPUSpec, cpu: CPUSpec) -> None:
+        """Raises what store() or load() would for these specs, and submits nothing."""
+        _check_specs(gpu, cpu)
+        self._table.check(*job_arguments(gpu, cpu), names=job_names(gpu, cpu))
+        check_shared(self.layout, gpu, cpu)
+
     def transfer_async(self, job_id: Hashable, src_spec: GPUSpec | CPUSpec,
                        dst_spec: GPUSpec | CPUSpec, expedite: bool = False) -> bool:
         """store() for (GPUSpec, CPUSpec), load() for (CPUSpec, GPUSpec): vLLM's older

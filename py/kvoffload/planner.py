@@ -168,12 +168,20 @@ class KVLayout:
             "CPU": (column("cpu_base"), column("cpu_stride"),
                     column("page_bytes") * self.blocks_per_chunk, chunks),
         }
+        gpu_base, gpu_stride = sides["GPU"][0], sides["GPU"][1]
         for side, regions in sides.items():
             overlapping, shared = _overlaps(*regions, group)
             if overlapping.shape[1]:
                 (ga, ta), (gb, tb) = owners[overlapping[0, 0]], owners[overlapping[1, 0]]
                 raise ValueError(f"group {ga} tensor {ta} and group {gb} tensor {tb} overlap "
                                  f"on the {side} side")
+            # A CPU region is shared only by references to one GPU tensor.
+            alone = (gpu_base[shared[0]] != gpu_base[shared[1]]) | (gpu_stride[shared[0]] != gpu_stride[shared[1]])
+            if side == "CPU" and alone.any():
+                k = int(np.argmax(alone))
+                (ga, ta), (gb, tb) = owners[shared[0, k]], owners[shared[1, k]]
+                raise ValueError(f"group {ga} tensor {ta} and group {gb} tensor {tb} share their CPU "
+                                 "chunks but not their GPU tensor: one would overwrite the other")
             alias = alias_classes(len(self.groups), zip(group[shared[0]], group[shared[1]]))
             object.__setattr__(self, f"{side.lower()}_alias", alias)
 

@@ -27,6 +27,7 @@ than one block needs unpadded pages, and canonical pages one block per chunk.
 from __future__ import annotations
 
 import dataclasses
+import traceback
 
 from vllm.v1.kv_offload.base import GPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
@@ -34,7 +35,7 @@ from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from kvoffload.vllm.spec import HANDLER_OPTIONS
-from kvoffload.vllm.worker import KVOffloadWorker, _block_view, group_tensors
+from kvoffload.vllm.worker import KVOffloadWorker, _block_view, _specs, _submit, group_tensors
 
 
 class KVOffloadRegionWorker(KVOffloadWorker):
@@ -58,8 +59,11 @@ class KVOffloadRegionWorker(KVOffloadWorker):
         try:
             super().__init__(kv_caches, blocks_per_chunk, num_cpu_chunks, handler_tensors=(pool.gpu, pool.pages),
                              host_buffer=pool.buffer, cpu_places=pool.places, **handler_options)
-        except BaseException:
-            self.region_views = pool = None  # so that the caller's region.cleanup() can unmap it
+        except BaseException as e:
+            # So that the caller's region.cleanup() can unmap it: no view of the region may
+            # stay in this frame or in those the traceback keeps.
+            self.region_views = pool = None
+            traceback.clear_frames(e.__traceback__)
             raise
         try:
             _check_handler(self.handler.layout, pool)
@@ -68,8 +72,11 @@ class KVOffloadRegionWorker(KVOffloadWorker):
             raise
 
     def submit_store(self, job_id, src_spec, dst_spec) -> bool:
-        if any(w is not None for w in self._writers) and isinstance(src_spec, GPULoadStoreSpec) \
-                and isinstance(dst_spec, CPULoadStoreSpec):
+        if any(w is not None for w in self._writers):
+            # The whole job is checked first: every rank refuses what any rank would.
+            prefix = f"submit_store(job_id={job_id!r}): "
+            gpu, cpu = _specs(prefix, src_spec, "src_spec", dst_spec, "dst_spec")
+            _submit(prefix, self.handler.check, gpu, cpu)
             src_spec, dst_spec = _written(src_spec, dst_spec, self._writers)
         return super().submit_store(job_id, src_spec, dst_spec)
 
@@ -173,8 +180,9 @@ def _region_pool(kv_caches, blocks_per_chunk, num_chunks, region, canonical) -> 
         starts = [v.data_ptr() - base for v in views]
         ends = [s + (num_chunks - 1) * v.stride(0) + v.shape[1] for s, v in zip(starts, views)]
         first, last = min(starts), max(ends)
-        buffer = region.base_tensor[first:last]
+        view = None
         gpu_out, pages_out, places, writers = [], [], [], []
+        mapped = {}  # tensor_idx -> (group, ref, runs) of its first canonical ref
         for g, refs in enumerate(kv_caches.group_data_refs):
             gpu_out.append([]), pages_out.append([]), places.append([])
             group_writers = set()
@@ -186,6 +194,13 @@ def _region_pool(kv_caches, blocks_per_chunk, num_chunks, region, canonical) -> 
                     places[g].append((start, view.stride(0)))
                     continue
                 m = ref.mapping
+                _check_runs(f"kv_caches.group_data_refs[{g}][{r}].mapping", m, ref.page_size_bytes)
+                runs = mapped.setdefault(ref.tensor_idx, (g, r, m.runs))
+                if runs[2] != m.runs:
+                    raise ValueError(
+                        f"kv_caches.group_data_refs[{g}][{r}].mapping: its runs differ from those of "
+                        f"kv_caches.group_data_refs[{runs[0]}][{runs[1]}], which maps the same tensor "
+                        f"(kv_caches.tensors[{ref.tensor_idx}]); kvoffload needs one mapping per tensor")
                 group_writers.add((m.num_writers, m.writer_index))
                 for run in m.runs:
                     for k in range(run.num_fragments):
@@ -200,9 +215,10 @@ def _region_pool(kv_caches, blocks_per_chunk, num_chunks, region, canonical) -> 
                                  "kvoffload stores one set of blocks per group")
             writer = group_writers.pop() if group_writers else None
             writers.append(writer if writer is not None and writer[0] > 1 else None)
-        return _RegionPool(gpu_out, pages_out, places, buffer, views, writers)
+        return _RegionPool(gpu_out, pages_out, places, region.base_tensor[first:last], views, writers)
     except BaseException:
         views.clear()  # the traceback keeps this frame: no view of the region may stay in it
+        view = None  # noqa: F841
         raise
 
 
@@ -214,6 +230,29 @@ def _views(tensors, make, need, limit, where) -> list:
             f"{[t.page_size_bytes for t in tensors]} need {sum(need)} bytes per chunk, more than the "
             f"{limit} of {where} (OffloadingConfig.worker_kv_bytes_per_block * blocks_per_chunk)")
     return [make(i, t) for i, t in enumerate(tensors)]
+
+
+def _check_runs(name, mapping, page) -> None:
+    """Every fragment of ``mapping`` lies inside the local page and the canonical page."""
+    if mapping.local_page_size_bytes != page:
+        raise ValueError(f"{name}.local_page_size_bytes: {mapping.local_page_size_bytes} is not the "
+                         f"ref's page_size_bytes={page}")
+    for k, run in enumerate(mapping.runs):
+        fields = ("local_offset", "canonical_offset", "fragment_size", "num_fragments", "local_stride",
+                  "canonical_stride")
+        for field in fields:
+            value = getattr(run, field)
+            least = 1 if field in ("fragment_size", "num_fragments") else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name}.runs[{k}].{field}: expected an int >= {least}, got {value!r}")
+        last = run.num_fragments - 1
+        for side, offset, stride, limit in (
+                ("local", run.local_offset, run.local_stride, page),
+                ("canonical", run.canonical_offset, run.canonical_stride, mapping.canonical_page_size_bytes)):
+            end = offset + last * stride + run.fragment_size
+            if end > limit:
+                raise ValueError(f"{name}.runs[{k}]: its last fragment ends at byte {end} of the {side} "
+                                 f"page, which has {limit}")
 
 
 def _canonical_sizes(kv_caches, count) -> list[int]:
@@ -248,7 +287,7 @@ def _written(gpu_spec, cpu_spec, writers):
     (one block per chunk) to writer c % num_writers."""
     ids, chunks = list(gpu_spec.block_ids), list(cpu_spec.block_ids)
     block_ids, chunk_ids, sizes, at = [], [], [], 0
-    for n, writer in zip(gpu_spec.group_sizes, writers + [None] * (len(gpu_spec.group_sizes) - len(writers))):
+    for n, writer in zip(gpu_spec.group_sizes, writers):
         pairs = list(zip(ids[at:at + n], chunks[at:at + n]))
         if writer is not None:
             pairs = [(b, c) for b, c in pairs if c % writer[0] == writer[1]]
