@@ -17,7 +17,7 @@ import torch
 import kvoffload.handler
 import kvoffload.pool_memory
 from kvoffload.handler import OffloadHandler
-from kvoffload.host_pool import cpu_tensor_layouts, pool_bytes
+from kvoffload.pool_layout import cpu_tensor_layouts, pool_bytes
 from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
 from kv_model import (POISON, a_failure_mid_job_fails_that_job_only, check, check_gpu_and_chunks,
                       copy_half_then_fail, make_handler, multi_group_with_an_empty_and_an_unaligned_group,

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from kvoffload import _C
-from kvoffload.host_pool import (HostPool, PinnedMemoryError, PoolNotReadyError, PoolOptions, chunks_reach,
-                                 kv_layout)
+from kvoffload.host_pool import HostPool, PinnedMemoryError, PoolNotReadyError, PoolOptions
+from kvoffload.pool_layout import chunks_reach, kv_layout
 from kvoffload.planner import CPUSpec, GPUSpec, TransferPlan
 from kvoffload.pool_pieces import ChunkRun
 from kv_model import check, make_handler

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 import kvoffload as kv
 from canary import TorchGuardedBuffer
 from kv_model import POISON, KVModel
-from kvoffload.host_pool import kv_layout, pool_bytes
+from kvoffload.pool_layout import kv_layout, pool_bytes
 from kvoffload import _C
 from kvoffload.page_table import UNIT_BYTES, page_table
 from kvoffload.planner import chunks_used

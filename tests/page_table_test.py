@@ -184,7 +184,7 @@ def test_groups_sharing_cpu_tensors_key_parts_that_every_sub_block_covers_whole_
 
 
 def test_groups_that_share_one_tensor_with_equal_pages_keep_sub_block_keys():
-    layout = KVLayout(tuple(GroupLayout((TensorLayout((g + 1) << 30, 4096, 256, 1 << 40, 1024),), 8, 4)
+    layout = KVLayout(tuple(GroupLayout((TensorLayout(1 << 30, 4096, 256, 1 << 40, 1024),), 8, 4)
                             for g in range(2)), 4)
     assert layout.cpu_alias == (0, 0) and ChunkParts.of(layout).of_sub_block == (None, None)
     assert key_offsets(layout, ChunkParts.of(layout))[3] == 16

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvoffload.host_pool import chunk_runs
+from kvoffload.pool_layout import chunk_runs
 from kvoffload.pool_pieces import PAGE, ChunkRun, piece_ends, split_at
 
 

@@ -1,7 +1,7 @@
 """Asynchronous KV-cache transfer jobs: store (GPU -> CPU) and load (CPU -> GPU).
 
 The handler owns the GPU tensors of every KV-cache group and a CPU pool beside them
-(see kvoffload.host_pool for its layouts), one lane per direction and, optionally, an
+(see kvoffload.pool_layout for its layouts), one lane per direction and, optionally, an
 expedited lane for urgent loads. Its API is vLLM's offload worker's:
 ``transfer_async``, ``get_finished``, ``wait``, ``shutdown``.
 
@@ -44,13 +44,12 @@ import numpy as np
 
 from kvoffload import auto, calibration, page_methods
 from kvoffload.descriptor_pool import DescriptorPool
-from kvoffload.host_pool import (HostPool, PoolOptions, chunk_runs, chunks_reach, kv_layout, pool_bytes,
-                                 tensor_owners)
+from kvoffload.host_pool import HostPool, PoolOptions
+from kvoffload.pool_layout import check_places, chunk_runs, chunks_reach, kv_layout, pool_bytes, tensor_owners
 from kvoffload.lane_accesses import LaneAccesses, LazyKeys
 from kvoffload.lane_conflicts import LaneConflicts
 from kvoffload.page_table import ChunkParts, job_arguments, job_names, key_offsets, page_table, transfer_plan
 from kvoffload.ordering import PendingWrites, safe_order
-from kvoffload.cpu_places import check_places
 from kvoffload.planner import (CPUSpec, GPUSpec, KVLayout, _require_int, check_shared, chunks_used,
                                tensor_pages)
 from kvoffload.batch_copy import batch_entry_point_version, host_copy, load_kernels
@@ -132,7 +131,7 @@ class OffloadHandler:
     g's tensors, an int or one per tensor (default: the whole block). host_buffer: a CPU
     tensor to use (and page-lock) as the pool instead of allocating one; ``pool_bytes``
     says how large it must be. cpu_places[g][t]: (offset, stride) of tensor t's chunks in
-    host_buffer, for a pool laid out by someone else (kvoffload.cpu_places), in place of
+    host_buffer, for a pool laid out by someone else (kvoffload.pool_layout), in place of
     cpu_layout. host_pool: how the pool is made and pinned otherwise
     (kvoffload.host_pool.PoolOptions: shared, huge pages, in the background). method:
     how jobs copy on a GPU. The page methods send each job as ids (kvoffload.page_table):

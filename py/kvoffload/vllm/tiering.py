@@ -299,7 +299,7 @@ def _written(gpu_spec, cpu_spec, writers):
 
 
 def _check_handler(layout, pool) -> None:
-    """The handler's layout is the region's (a guard against kvoffload.cpu_places changing)."""
+    """The handler's layout is the region's (a guard against kvoffload.pool_layout changing)."""
     base = pool.buffer.data_ptr()
     for g, places in enumerate(pool.places):
         for r, (offset, stride) in enumerate(places):
