@@ -1,0 +1,307 @@
+// kvoffload._C's page table: jobs named by block and chunk ids, checked once and copied
+// between every KV-cache group's tensors and the CPU pool.
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cc/copy_path.h"
+#include "cc/page_copy.h"
+#include "cc/page_table.h"
+#include "cc/recycled_buffer.h"
+#include "cc/stream_device.h"
+#include "py/kvoffload/bindings.h"
+
+namespace kvoffload {
+namespace {
+
+// A job's ids, copied once: checked and enqueued from the same snapshot, whatever
+// another thread does to the caller's arrays meanwhile.
+// `names`: None, or the caller's names of (block_ids, chunk_ids, group_sizes,
+// block_indices), which every message about them uses.
+JobNames ToJobNames(nb::handle names) {
+  JobNames out;
+  if (names.is_none()) return out;
+  if (!nb::isinstance<nb::tuple>(names) || nb::len(names) != 4) {
+    throw nb::type_error("names: expected None or a tuple of 4 str");
+  }
+  std::string* fields[] = {&out.block_ids, &out.chunk_ids, &out.group_sizes, &out.block_indices};
+  for (size_t i = 0; i < 4; ++i) {
+    nb::handle name = names[i];
+    if (!nb::isinstance<nb::str>(name)) throw nb::type_error("names: expected None or a tuple of 4 str");
+    *fields[i] = nb::cast<std::string>(name);
+  }
+  return out;
+}
+
+struct JobIds {
+  JobIds(nb::handle block_ids, nb::handle chunk_ids, nb::handle group_sizes,
+         nb::handle block_indices, nb::handle field_names = nb::none())
+      : names(ToJobNames(field_names)),
+        blocks(Copy(block_ids, names.block_ids)),
+        chunks(Copy(chunk_ids, names.chunk_ids)) {
+    Take(group_sizes, names.group_sizes, sizes);
+    Take(block_indices, names.block_indices, firsts);
+    if (firsts.size() != sizes.size()) {
+      throw nb::value_error((names.block_indices + ": has " + std::to_string(firsts.size()) +
+                             " entries but " + names.group_sizes + " has " +
+                             std::to_string(sizes.size()))
+                                .c_str());
+    }
+  }
+  static RecycledBuffer Copy(nb::handle obj, const std::string& name) {
+    const Int64Array array(obj, name.c_str(), 1);
+    return RecycledBuffer(array.data(), array.size());
+  }
+  static void Take(nb::handle obj, const std::string& name, std::vector<int64_t>& out) {
+    const Int64Array array(obj, name.c_str(), 1);
+    out.assign(array.data(), array.data() + array.size());
+  }
+  PageJob Job() const {
+    return PageJob{blocks.data(), static_cast<int64_t>(blocks.size()),
+                   chunks.data(), static_cast<int64_t>(chunks.size()),
+                   sizes.data(),  firsts.data(),
+                   static_cast<int64_t>(sizes.size()), &names};
+  }
+  JobNames names;
+  RecycledBuffer blocks, chunks;
+  std::vector<int64_t> sizes, firsts;
+};
+
+// A job's ids as PageTable.prepare copied and checked them: its keys and its copy read
+// this one snapshot, whatever the caller does to its arrays afterwards. Immutable.
+struct PreparedJob {
+  PreparedJob(JobIds checked, uint64_t checked_by) : ids(std::move(checked)), table(checked_by) {}
+  const JobIds ids;
+  const uint64_t table;  // the serial number of the PageTable whose layout checked the ids
+};
+
+// A PageLayout, uploaded to each device on its first copy there.
+class PyPageTable {
+ public:
+  PyPageTable(nb::handle refs, nb::handle group_refs, nb::handle gpu_blocks,
+              nb::handle cpu_chunks, int64_t blocks_per_chunk, nb::handle host_breaks)
+      : serial_(NextSerial()),
+        layout_(Refs(refs), Vector(group_refs, "group_refs"), Vector(gpu_blocks, "gpu_blocks"),
+                Vector(cpu_chunks, "cpu_chunks"), blocks_per_chunk) {
+    layout_.set_host_breaks(Vector(host_breaks, "host_breaks"));
+  }
+
+  // `ids` is a snapshot of the caller's arrays: the check needs no GIL.
+  void Check(const JobIds& ids) const {
+    nb::gil_scoped_release release;
+    ValidateJob(layout_, ids.Job());
+  }
+
+  // The keys (JobKeys) of a job this table checked.
+  nb::tuple Keys(const PreparedJob& prepared, nb::handle gpu_offset, nb::handle cpu_offset) const {
+    RequireOwn(prepared);
+    const std::vector<int64_t> gpu_offsets = Offsets(gpu_offset, "gpu_offset");
+    const std::vector<int64_t> cpu_offsets = Offsets(cpu_offset, "cpu_offset");
+    const PageJob job = prepared.ids.Job();
+    RecycledBuffer gpu(job.num_block_ids), cpu(job.num_block_ids);
+    {
+      nb::gil_scoped_release release;
+      JobKeys(layout_, job, gpu_offsets.data(), cpu_offsets.data(), gpu.data(), cpu.data());
+    }
+    return nb::make_tuple(ToNumpy(std::move(gpu)), ToNumpy(std::move(cpu)));
+  }
+
+  void RequireOwn(const PreparedJob& job) const {
+    if (job.table != serial_) throw nb::value_error("job: was prepared by another PageTable");
+  }
+
+  nb::tuple UnitCopies(const JobIds& ids) const {
+    const PageJob job = ids.Job();
+    ValidateJob(layout_, job);
+    std::vector<Segment> segments;
+    const int64_t units = BuildSegments(layout_, job, segments);
+    std::vector<int64_t> gpu, host, size;
+    kvoffload::UnitCopies(layout_, job.block_ids, segments, units, gpu, host, size);
+    return nb::make_tuple(ToNumpy(std::move(gpu)), ToNumpy(std::move(host)),
+                          ToNumpy(std::move(size)));
+  }
+
+  // One copy per page, pages of one tensor merged where they continue on both sides
+  // (BuildPageDma): the copies of every method that plans on the host.
+  nb::tuple PageCopies(const PreparedJob& prepared) const {
+    RequireOwn(prepared);
+    const PageJob job = prepared.ids.Job();
+    PageDma copies;
+    {
+      nb::gil_scoped_release release;
+      std::vector<Segment> segments;
+      BuildSegments(layout_, job, segments);
+      BuildPageDma(layout_, job.block_ids, segments, copies);
+    }
+    return nb::make_tuple(ToNumpy(std::move(copies.gpu)), ToNumpy(std::move(copies.host)),
+                          ToNumpy(std::move(copies.size)));
+  }
+
+  // `checked`: ids that prepare checked (the job's own snapshot).
+  CopyResult Copy(const JobIds& ids, bool load, nb::handle stream_obj,
+                  const PageCopyOptions& options, bool checked = false) {
+    const cudaStream_t stream = ToStream(stream_obj);
+    const PageJob job = ids.Job();
+    nb::gil_scoped_release release;
+    // PageCopy validates the job too, but the table is uploaded only for a valid one.
+    ValidatePageCopyOptions(options);
+    if (!checked) ValidateJob(layout_, job);
+    return PageCopy(OnDevice(StreamDevice(stream)), job, load, stream, options,
+                    /*validated=*/true);
+  }
+
+ private:
+  static std::vector<TensorRef> Refs(nb::handle obj) {
+    const Int64Array array(obj, "refs", 2);
+    if (array.size() > 0 && array.shape(1) != 5) {
+      throw nb::value_error("refs: expected shape [N, 5] (gpu_base, gpu_stride, page_bytes, "
+                            "cpu_base, cpu_stride)");
+    }
+    std::vector<TensorRef> refs(array.size() / 5);
+    for (size_t r = 0; r < refs.size(); ++r) {
+      const int64_t* row = array.data() + 5 * r;
+      refs[r] = TensorRef{row[0], row[1], row[2], row[3], row[4]};
+    }
+    return refs;
+  }
+
+  std::vector<int64_t> Offsets(nb::handle obj, const char* name) const {
+    std::vector<int64_t> offsets = Vector(obj, name);
+    if (static_cast<int64_t>(offsets.size()) != layout_.groups()) {
+      throw nb::value_error((std::string(name) + ": needs one entry per group (" +
+                             std::to_string(layout_.groups()) + ")")
+                                .c_str());
+    }
+    for (int64_t o : offsets) {
+      if (o < 0 || o >= (int64_t{1} << 62)) {
+        throw nb::value_error((std::string(name) + ": entries must be in [0, 2^62)").c_str());
+      }
+    }
+    return offsets;
+  }
+
+  static std::vector<int64_t> Vector(nb::handle obj, const char* name) {
+    std::vector<int64_t> out;
+    JobIds::Take(obj, name, out);
+    return out;
+  }
+
+  const DevicePageTable& OnDevice(int device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_ptr<DevicePageTable>& table = tables_[device];
+    if (table == nullptr) table = std::make_unique<DevicePageTable>(layout_, device);
+    return *table;
+  }
+
+  static uint64_t NextSerial() {
+    static std::atomic<uint64_t> next{1};
+    return next++;
+  }
+
+ public:
+  // Unique per table, never reused (an address could be, once a table is freed).
+  const uint64_t serial_;
+
+ private:
+  PageLayout layout_;
+  std::mutex mutex_;
+  std::map<int, std::unique_ptr<DevicePageTable>> tables_;
+};
+
+}  // namespace
+
+void BindPages(nb::module_& m) {
+  static const PageCopyOptions kPageDefaults{};
+  nb::enum_<PagePath>(m, "PagePath", "How a page job crosses the link (cc/page_copy.h).")
+      .value("STAGED", PagePath::kStaged, "DMA through a staging ring, a kernel on the HBM side")
+      .value("KERNEL", PagePath::kKernel, "a kernel that reaches the pool itself")
+      .value("DMA", PagePath::kDma, "cuMemcpyBatchAsync per page, no SM work");
+  nb::class_<PyPageTable>(m, "PageTable",
+                          "Every KV-cache group's tensors and the CPU pool, for jobs named by ids.")
+      .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, int64_t, nb::handle>(),
+           nb::arg("refs"), nb::arg("group_refs"), nb::arg("gpu_blocks"), nb::arg("cpu_chunks"),
+           nb::arg("blocks_per_chunk"), nb::arg("host_breaks") = nb::tuple())
+      .def(
+          "check",
+          [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i,
+             nb::handle names) { t.Check(JobIds(b, c, g, i, names)); },
+          nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
+          nb::arg("block_indices"), nb::arg("names").none() = nb::none())
+      .def(
+          "prepare",
+          [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i,
+             nb::handle names) {
+            auto job = std::make_unique<PreparedJob>(JobIds(b, c, g, i, names), t.serial_);
+            t.Check(job->ids);
+            return job.release();
+          },
+          nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
+          nb::arg("block_indices"), nb::arg("names").none() = nb::none(), nb::rv_policy::take_ownership,
+          "Copies the ids once and checks them: a job that keys(job) numbers and "
+          "copy_job(job) moves, exactly as checked. names: what errors call the four "
+          "arrays (None: their parameter names).")
+      .def(
+          "keys",
+          [](const PyPageTable& t, const PreparedJob& job, nb::handle gpu_offset,
+             nb::handle cpu_offset) { return t.Keys(job, gpu_offset, cpu_offset); },
+          nb::arg("job"), nb::arg("gpu_offset"), nb::arg("cpu_offset"),
+          "(gpu_keys, cpu_keys) of a prepared job, as JobKeys numbers them.")
+      .def(
+          "page_copies", [](const PyPageTable& t, const PreparedJob& job) { return t.PageCopies(job); },
+          nb::arg("job"),
+          "(gpu, host, size) of a prepared job: a copy per page, those of one tensor merged where "
+          "they continue on both sides and no registration edge lies between.")
+      .def(
+          "unit_copies",
+          [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i) {
+            return t.UnitCopies(JobIds(b, c, g, i));
+          },
+          nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
+          nb::arg("block_indices"))
+      .def(
+          "copy",
+          [](PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i, bool load,
+             nb::handle stream, PagePath path, int max_ctas, int64_t slot_bytes, int slots, int ring) {
+            return t.Copy(JobIds(b, c, g, i), load, stream,
+                          PageCopyOptions{path, max_ctas, slot_bytes, slots, ring});
+          },
+          nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
+          nb::arg("block_indices"), nb::arg("load"), nb::arg("stream").none(),
+          nb::arg("path") = kPageDefaults.path, nb::arg("max_ctas") = kPageDefaults.max_ctas,
+          nb::arg("slot_bytes") = kPageDefaults.slot_bytes, nb::arg("slots") = kPageDefaults.slots,
+          nb::arg("ring") = 0)
+      .def(
+          "copy_job",
+          [](PyPageTable& t, const PreparedJob& job, bool load, nb::handle stream, PagePath path,
+             int max_ctas, int64_t slot_bytes, int slots, int ring) {
+            t.RequireOwn(job);
+            return t.Copy(job.ids, load, stream, PageCopyOptions{path, max_ctas, slot_bytes, slots, ring},
+                          /*checked=*/true);
+          },
+          nb::arg("job"), nb::arg("load"), nb::arg("stream").none(), nb::arg("path") = kPageDefaults.path,
+          nb::arg("max_ctas") = kPageDefaults.max_ctas, nb::arg("slot_bytes") = kPageDefaults.slot_bytes,
+          nb::arg("slots") = kPageDefaults.slots, nb::arg("ring") = 0);
+  nb::class_<PreparedJob>(m, "PreparedJob", "A job's ids, copied and checked by PageTable.prepare.")
+      .def(
+          "ids",
+          [](const PreparedJob& j) {
+            const JobIds& ids = j.ids;
+            return nb::make_tuple(ToNumpy(RecycledBuffer(ids.blocks.data(), ids.blocks.size())),
+                                  ToNumpy(RecycledBuffer(ids.chunks.data(), ids.chunks.size())),
+                                  ToNumpy(j.ids.sizes), ToNumpy(j.ids.firsts));
+          },
+          "Copies of (block_ids, chunk_ids, group_sizes, block_indices).");
+  m.attr("PAGE_UNIT_BYTES") = kPageUnitBytes;
+  m.attr("PAGE_COPY_CTAS") = kPageDefaults.max_ctas;
+}
+
+}  // namespace kvoffload

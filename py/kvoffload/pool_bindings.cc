@@ -1,0 +1,69 @@
+// kvoffload._C's host memory (kvoffload.host_pool): registration, first touch, NUMA
+// placement and the pool's pinned pieces.
+
+#include <nanobind/nanobind.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "cc/first_touch.h"
+#include "cc/host_memory.h"
+#include "cc/pinned_pool.h"
+#include "py/kvoffload/bindings.h"
+
+namespace kvoffload {
+
+void BindPool(nb::module_& m) {
+  m.def(
+      "host_register",
+      [](int64_t address, int64_t bytes) {
+        nb::gil_scoped_release release;
+        HostRegister(address, bytes);
+      },
+      nb::arg("address"), nb::arg("bytes"));
+  m.def("host_unregister", &HostUnregister, nb::arg("address"));
+  m.def("is_pinned_host", &IsPinnedHost, nb::arg("address"));
+  m.def(
+      "pool_touch",
+      [](int64_t address, int64_t bytes, nb::handle cpus, int threads) {
+        const Int64Array cpu_list(cpus, "cpus", 1);
+        std::vector<int> cpu_ids(cpu_list.data(), cpu_list.data() + cpu_list.size());
+        nb::gil_scoped_release release;
+        TouchPages(address, bytes, cpu_ids, threads);
+      },
+      nb::arg("address"), nb::arg("bytes"), nb::arg("cpus"), nb::arg("threads"));
+  m.def("pool_prefer_node", &PreferNumaNode, nb::arg("address"), nb::arg("bytes"),
+        nb::arg("node"));
+  m.def(
+      "pool_register",
+      [](int64_t address, int64_t bytes, int device) {
+        nb::gil_scoped_release release;
+        RegisterPoolPiece(address, bytes, device);
+      },
+      nb::arg("address"), nb::arg("bytes"), nb::arg("device"));
+  m.def(
+      "pool_unregister",
+      [](int64_t address, int device) {
+        nb::gil_scoped_release release;
+        UnregisterPoolPiece(address, device);
+      },
+      nb::arg("address"), nb::arg("device"));
+  m.def("pool_register_supported", &HostRegisterSupported, nb::arg("device"));
+  m.def("pool_numa_node", &HostNumaNode, nb::arg("device"));
+  m.def(
+      "pool_host_alloc",
+      [](int64_t bytes, int device) {
+        nb::gil_scoped_release release;
+        return PoolHostAlloc(bytes, device);
+      },
+      nb::arg("bytes"), nb::arg("device"));
+  m.def(
+      "pool_free_host",
+      [](int64_t address, int device) {
+        nb::gil_scoped_release release;
+        PoolFreeHost(address, device);
+      },
+      nb::arg("address"), nb::arg("device"));
+}
+
+}  // namespace kvoffload
