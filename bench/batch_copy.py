@@ -34,7 +34,7 @@ flags.DEFINE_list("block_kib", ["4", "16", "64", "256", "1024", "2048"], "Block 
 flags.DEFINE_float("pool_gib", 4.0, "Size of each of the host and device pools, GiB.")
 flags.DEFINE_integer("moved_mib", 1024, "Bytes moved per measurement, MiB.")
 flags.DEFINE_integer("repeats", 3, "Measurements per point; the best is kept.")
-flags.DEFINE_list("directions", ["h2d", "d2h"], "h2d and/or d2h.")
+flags.DEFINE_list("directions", ["load", "store"], "load (host -> device) and/or store.")
 flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the workspace).")
 flags.DEFINE_string("plot", "", "Write a PNG plot of GB/s against block size here.")
 flags.DEFINE_list("methods", ["per_copy", "batch_stream", "batch_any", "kernel", "staged", "auto",
@@ -72,14 +72,14 @@ def _with_stream(copy, stream, src, dst, sizes):
 
 def gpu_methods(direction):
     """name -> copy(src, dst, sizes, stream)."""
-    load = direction == "h2d"
+    load = direction == "load"
     methods = {
         "per_copy": lambda s, d, z, st: kv.batch_copy(s, d, z, st, per_copy=True, **UNCHECKED),
         "batch_stream": lambda s, d, z, st: kv.batch_copy(s, d, z, st, order=kv.SrcAccessOrder.STREAM, **UNCHECKED),
         "batch_any": lambda s, d, z, st: kv.batch_copy(s, d, z, st, order=kv.SrcAccessOrder.ANY, **UNCHECKED),
         "kernel": lambda s, d, z, st: kv.kernel_copy(s, d, z, st, max_ctas=FLAGS.kernel_ctas, **UNCHECKED),
         "staged": lambda s, d, z, st: kv.staged_copy(
-            s, d, z, load, st, slot_bytes=FLAGS.slot_mib << 20, slots=FLAGS.slots,
+            s, d, z, direction, st, slot_bytes=FLAGS.slot_mib << 20, slots=FLAGS.slots,
             max_ctas=FLAGS.staged_ctas, **UNCHECKED),
         "auto": lambda s, d, z, st: auto.copy(s, d, z, st, direction=direction, **UNCHECKED),
         "auto_fastest": lambda s, d, z, st: auto.copy(s, d, z, st, direction=direction, max_slowdown=None,
@@ -170,8 +170,8 @@ def measure_gpu(rng, rows, machine):
         "host": torch.empty(pool, dtype=torch.uint8, pin_memory=True),
         "device": torch.empty(pool, dtype=torch.uint8, device="cuda"),
     }
-    streams = {"h2d": torch.cuda.Stream(), "d2h": torch.cuda.Stream()}
-    ends = {"h2d": ("host", "device"), "d2h": ("device", "host")}
+    streams = {"load": torch.cuda.Stream(), "store": torch.cuda.Stream()}
+    ends = {"load": ("host", "device"), "store": ("device", "host")}
     loops = {w: compute_loop.ComputeLoop(torch, w) for w in FLAGS.interference}
     for workload, loop in loops.items():
         machine[f"{workload}_step_seconds"] = loop.step_seconds
@@ -205,7 +205,7 @@ def measure_gpu(rng, rows, machine):
         rows.append(dict(method="bulk", direction=direction, block_bytes=moved, seconds=best,
                          submit_seconds=host))
     if FLAGS.both:
-        both = [bulk(d, streams[d]) for d in ("h2d", "d2h")]
+        both = [bulk(d, streams[d]) for d in ("load", "store")]
         seconds = min(both_at_once(torch, streams, both) for _ in range(FLAGS.repeats))
         rows.append(dict(method="bulk", direction="both", block_bytes=moved, seconds=seconds))
     for kib in FLAGS.block_kib:
@@ -218,13 +218,13 @@ def measure_gpu(rng, rows, machine):
             methods = gpu_methods(direction)
             h = host_offsets(rng, count, block, pool) + pools["host"].data_ptr()
             g = scattered_offsets(rng, count, block, pool) + pools["device"].data_ptr()
-            s, d = (h, g) if direction == "h2d" else (g, h)
+            s, d = (h, g) if direction == "load" else (g, h)
             sizes = np.full(count, block, dtype=np.int64)
             jobs[direction] = pages.job(rng, count)
             for method in FLAGS.methods:
                 pieces = None  # a page job is enqueued in microseconds: one piece
                 if method.startswith("pages_"):
-                    copy = functools.partial(pages.copy, jobs[direction], direction == "h2d", stream, method)
+                    copy = functools.partial(pages.copy, jobs[direction], direction == "load", stream, method)
                 row = dict(method=method, direction=direction, block_bytes=block)
                 if method.startswith("auto"):  # the candidate it takes for this job
                     row["chosen"] = auto.chosen(s, d, sizes, stream, direction=direction, **UNCHECKED,
@@ -245,8 +245,8 @@ def measure_gpu(rng, rows, machine):
             store = (job[0][:half], job[1][: half // pages.bpc], [half], [0])
             load = (job[0][half:2 * half], job[1][half // pages.bpc: 2 * half // pages.bpc], [half], [0])
             for method in [m for m in FLAGS.methods if m.startswith("pages_")]:
-                copies = [functools.partial(pages.copy, store, False, streams["d2h"], method),
-                          functools.partial(pages.copy, load, True, streams["h2d"], method)]
+                copies = [functools.partial(pages.copy, store, False, streams["store"], method),
+                          functools.partial(pages.copy, load, True, streams["load"], method)]
                 seconds = min(both_at_once(torch, streams, copies) for _ in range(FLAGS.repeats))
                 rows.append(dict(method=method, direction="both", block_bytes=block,
                                  seconds=seconds * moved / (half * block)))
@@ -265,8 +265,8 @@ def both_at_once(torch, streams, copies):
     start = torch.cuda.Event(enable_timing=True)
     ends = [torch.cuda.Event(enable_timing=True) for _ in streams]
     torch.cuda.synchronize()
-    start.record(streams["h2d"])
-    streams["d2h"].wait_event(start)
+    start.record(streams["load"])
+    streams["store"].wait_event(start)
     for copy in copies:
         copy()
     for end, stream in zip(ends, streams.values()):

@@ -163,13 +163,9 @@ def bulk_beside(torch, loop, direction, moved, alone_seconds_per_gib):
     return loop.beside(stream, enqueue, count << 30, count * alone_seconds_per_gib)
 
 
-# A row's direction, as every benchmark names it; its job (store, load or both) is kept too.
-LINK_DIRECTIONS = {"store": "d2h", "load": "h2d", "both": "both"}
-
-
 def report(cache, method, direction, n, jobs, nbytes, wall, bulk_seconds_per_gib, **extra):
     """Prints and returns a result row; the ratio is to the bulk copy's rate."""
-    row = dict(cache=cache, method=method, direction=LINK_DIRECTIONS[direction], job=direction,
+    row = dict(cache=cache, method=method, direction=direction, job=direction,
                blocks_per_job=n, jobs=jobs,
                job_mib=nbytes / jobs / 2**20, gb_per_s=nbytes / wall / 1e9, **extra)
     ratio = ""
@@ -229,7 +225,7 @@ def submit_cost_row(torch, rng, bpc, method):
     seconds, busy_seconds = float(np.median(alone[1:])), float(np.median(busy[2:]))
     print(f"host time to submit a 1 GiB job of 4 KiB pages ({method}): {seconds * 1e3:.2f} ms alone, "
           f"{busy_seconds * 1e3:.2f} ms with a job of the other lane in flight")
-    return dict(cache="4KiB-pages-1GiB", method=method, direction="d2h", job="store", block_bytes=4096,
+    return dict(cache="4KiB-pages-1GiB", method=method, direction="store", job="store", block_bytes=4096,
                 submit_seconds=seconds, submit_seconds_busy=busy_seconds)
 
 
@@ -285,7 +281,7 @@ def main(argv):
         got = bulk_beside(torch, loop, direction, moved, bulk[direction])
         if got is None:
             continue
-        rows.append(dict(cache="bulk", method="bulk", direction=LINK_DIRECTIONS[direction], job=direction,
+        rows.append(dict(cache="bulk", method="bulk", direction=direction, job=direction,
                          block_bytes=1 << 30,
                          gb_per_s=(1 << 30) / bulk[direction] / 1e9, ratio_to_bulk=1.0, workload=workload,
                          gb_per_s_beside=got.gb_per_s, step_slowdown=got.step_slowdown,

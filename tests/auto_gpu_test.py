@@ -50,10 +50,10 @@ def copy_exactly(direction, block, runs, **copy_options):
     n = (16 << 20) // block
     h = (np.arange(n) if runs else rng.permutation(POOL // block)[:n]).astype(np.int64) * block
     g = rng.permutation(POOL // block)[:n].astype(np.int64) * block
-    (dst_tensor, dst_before, src_bytes) = (device, device_bytes, host_bytes) if direction == "h2d" else (host, host_bytes, device_bytes)
+    (dst_tensor, dst_before, src_bytes) = (device, device_bytes, host_bytes) if direction == "load" else (host, host_bytes, device_bytes)
     dst_tensor.fill_(POISON)
-    s, d = (h + host.data_ptr(), g + device.data_ptr()) if direction == "h2d" else (g + device.data_ptr(), h + host.data_ptr())
-    src_off, dst_off = (h, g) if direction == "h2d" else (g, h)
+    s, d = (h + host.data_ptr(), g + device.data_ptr()) if direction == "load" else (g + device.data_ptr(), h + host.data_ptr())
+    src_off, dst_off = (h, g) if direction == "load" else (g, h)
     registry = kv.MemoryRegistry()
     registry.register_tensor("host", host)
     registry.register_tensor("device", device)
@@ -68,7 +68,7 @@ def copy_exactly(direction, block, runs, **copy_options):
     return result, h + host.data_ptr()
 
 
-@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+@pytest.mark.parametrize("direction", ["load", "store"])
 @pytest.mark.parametrize("block,runs", [(4096, False), (4096, True), (1 << 20, False)])
 @pytest.mark.parametrize("max_slowdown", [None, 0.0, 0.02])
 def test_auto_copies_are_exact_with_the_method_it_chose(direction, block, runs, max_slowdown):
@@ -79,7 +79,7 @@ def test_auto_copies_are_exact_with_the_method_it_chose(direction, block, runs, 
     assert result.path == copy_methods.copy_method(chosen).name  # the paths are named as the methods
 
 
-@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+@pytest.mark.parametrize("direction", ["load", "store"])
 @pytest.mark.parametrize("method", [copy_methods.PerCopy(), copy_methods.Batch(), copy_methods.Kernel(max_ctas=2),
                                     copy_methods.Staged(slot_bytes=1 << 20, slots=2, max_ctas=3)],
                          ids=lambda m: repr(m))

@@ -30,36 +30,36 @@ def table(beside=None, slowdown=None, **rates):
 
 def test_alone_picks_the_fastest_method_at_the_job_size():
     cal = table(batch__h2d__scattered=[2, 5, 40, 50, 54, 55], kernel__h2d__scattered=[30, 44, 48, 50, 50, 50])
-    assert choose(cal, "h2d", 4 << 10, 0, max_slowdown=None)[0] == "kernel"
-    assert choose(cal, "h2d", 2 << 20, 0, max_slowdown=None)[0] == "batch"
-    method, rate = choose(cal, "h2d", 128 << 10, 0, max_slowdown=None)  # log-interpolated
+    assert choose(cal, "load", 4 << 10, 0, max_slowdown=None)[0] == "kernel"
+    assert choose(cal, "load", 2 << 20, 0, max_slowdown=None)[0] == "batch"
+    method, rate = choose(cal, "load", 128 << 10, 0, max_slowdown=None)  # log-interpolated
     assert method == "kernel" and rate == pytest.approx(49.0)
 
 
 def test_alone_staged_uses_the_host_runs_table_only_for_long_runs():
     cal = table(staged__d2h__host_runs=[40] * 6, staged__d2h__scattered=[3] * 6, batch__d2h__scattered=[20] * 6)
-    assert choose(cal, "d2h", 4096, RUNS, max_slowdown=None)[0] == "staged"
-    assert choose(cal, "d2h", 4096, RUNS - 1, max_slowdown=None)[0] == "batch"
+    assert choose(cal, "store", 4096, RUNS, max_slowdown=None)[0] == "staged"
+    assert choose(cal, "store", 4096, RUNS - 1, max_slowdown=None)[0] == "batch"
 
 
 def test_the_fastest_beside_the_model_within_the_slowdown_wins():
     cal = table(beside={"kernel h2d": [40, 45, 50], "staged h2d": [30, 44, 52], "batch h2d": [3, 40, 54]},
                 slowdown={"kernel h2d": [0.05, 0.04, 0.03], "staged h2d": [0.01, 0.01, 0.01],
                           "batch h2d": [0.0, 0.0, 0.0]})
-    assert choose(cal, "h2d", 4 << 10, RUNS)[0] == "staged"  # the kernel is faster but costs 5%
-    assert choose(cal, "h2d", 4 << 10, RUNS, max_slowdown=0.06)[0] == "kernel"
-    assert choose(cal, "h2d", 4 << 10, RUNS, max_slowdown=0.005)[0] == "batch"
-    assert choose(cal, "h2d", 2 << 20, RUNS) == ("batch", 54)
+    assert choose(cal, "load", 4 << 10, RUNS)[0] == "staged"  # the kernel is faster but costs 5%
+    assert choose(cal, "load", 4 << 10, RUNS, max_slowdown=0.06)[0] == "kernel"
+    assert choose(cal, "load", 4 << 10, RUNS, max_slowdown=0.005)[0] == "batch"
+    assert choose(cal, "load", 2 << 20, RUNS) == ("batch", 54)
 
 
 def test_the_kernel_on_fewer_ctas_wins_where_only_it_is_within_the_slowdown():
     cal = table(beside={"kernel h2d": [37, 42, 41], "kernel_ctas2 h2d": [19, 20, 20], "staged h2d": [26, 29, 28]},
                 slowdown={"kernel h2d": [0.2, 0.24, 0.29], "kernel_ctas2 h2d": [0.016, 0.02, 0.03],
                           "staged h2d": [0.095, 0.05, 0.017]})
-    assert choose(cal, "h2d", 4 << 10, 0) == ("kernel_ctas2", 19)
-    assert choose(cal, "h2d", 4 << 10, RUNS, max_slowdown=0.1)[0] == "staged"
-    assert choose(cal, "h2d", 4 << 10, 0, max_slowdown=0.1)[0] == "kernel_ctas2"  # staged: 1 GB/s scattered
-    assert choose(cal, "h2d", 2 << 20, RUNS)[0] == "staged"  # 2 CTAs cost 3% there
+    assert choose(cal, "load", 4 << 10, 0) == ("kernel_ctas2", 19)
+    assert choose(cal, "load", 4 << 10, RUNS, max_slowdown=0.1)[0] == "staged"
+    assert choose(cal, "load", 4 << 10, 0, max_slowdown=0.1)[0] == "kernel_ctas2"  # staged: 1 GB/s scattered
+    assert choose(cal, "load", 2 << 20, RUNS)[0] == "staged"  # 2 CTAs cost 3% there
 
 
 def test_staged_is_predicted_at_no_more_than_its_scattered_rate_for_short_host_runs():
@@ -68,9 +68,9 @@ def test_staged_is_predicted_at_no_more_than_its_scattered_rate_for_short_host_r
     cal = table(staged__h2d__scattered=[4.5] * 6, staged__h2d__host_runs=[28] * 6,
                 beside={"staged h2d": [26] * 3, "batch h2d": [9] * 3},
                 slowdown={"staged h2d": [0.01] * 3, "batch h2d": [0.015] * 3})
-    assert choose(cal, "h2d", 4 << 10, RUNS) == ("staged", 26)
-    assert choose(cal, "h2d", 4 << 10, RUNS - 1) == ("batch", 9)
-    assert choose(cal, "h2d", 4 << 10, 0, max_slowdown=0.012) == ("staged", 4.5)
+    assert choose(cal, "load", 4 << 10, RUNS) == ("staged", 26)
+    assert choose(cal, "load", 4 << 10, RUNS - 1) == ("batch", 9)
+    assert choose(cal, "load", 4 << 10, 0, max_slowdown=0.012) == ("staged", 4.5)
 
 
 def test_chosen_reads_the_job_size_and_host_runs_off_the_copies(monkeypatch):
@@ -84,11 +84,11 @@ def test_chosen_reads_the_job_size_and_host_runs_off_the_copies(monkeypatch):
     runs = (1 << 40) + np.arange(1 << 16, dtype=np.int64) * 4096
     scattered = (1 << 40) + rng.permutation(1 << 16).astype(np.int64) * 4096
     sizes = np.full(1 << 16, 4096)
-    assert auto.chosen(gpu, runs, sizes, direction="d2h", registry=kv.UNCHECKED) == "staged"
-    assert auto.chosen(gpu, scattered, sizes, direction="d2h", registry=kv.UNCHECKED) == "batch"
-    assert auto.chosen(gpu, scattered, sizes * 16, direction="d2h", registry=kv.UNCHECKED,
+    assert auto.chosen(gpu, runs, sizes, direction="store", registry=kv.UNCHECKED) == "staged"
+    assert auto.chosen(gpu, scattered, sizes, direction="store", registry=kv.UNCHECKED) == "batch"
+    assert auto.chosen(gpu, scattered, sizes * 16, direction="store", registry=kv.UNCHECKED,
                        max_slowdown=0.012) == "staged"  # the only one within, however slow
-    assert auto.chosen(gpu, runs, sizes, direction="d2h", registry=kv.UNCHECKED,
+    assert auto.chosen(gpu, runs, sizes, direction="store", registry=kv.UNCHECKED,
                        max_slowdown=np.float32(0.02)) == "staged"  # numpy numbers are numbers
     # The mean copy: 4 KiB copies with one of 2 GiB are 36 KiB on average (batch: 36
     # GB/s), not 2 GiB (50 GB/s) or 4 KiB (9 GB/s).
@@ -96,12 +96,12 @@ def test_chosen_reads_the_job_size_and_host_runs_off_the_copies(monkeypatch):
     mixed[0] = 2 << 30
     cal.beside["batch d2h"] = [9, 30, 50]
     cal.slowdown["batch d2h"] = [0.0] * 3
-    assert auto.choose(cal, "d2h", mixed.mean(), 0)[1] < 40
+    assert auto.choose(cal, "store", mixed.mean(), 0)[1] < 40
     monkeypatch.setattr(auto, "choose", lambda cal, direction, copy_bytes, runs, slowdown: (str(copy_bytes), 0))
-    assert auto.chosen(gpu, scattered, mixed, direction="d2h", registry=kv.UNCHECKED) == str(mixed.mean())
+    assert auto.chosen(gpu, scattered, mixed, direction="store", registry=kv.UNCHECKED) == str(mixed.mean())
     for bad in (float("nan"), -0.01, "2%", np.float32(-1)):
         with pytest.raises(ValueError, match="max_slowdown: must be a number >= 0 or None"):
-            auto.chosen(gpu, runs, sizes, direction="d2h", registry=kv.UNCHECKED, max_slowdown=bad)
+            auto.chosen(gpu, runs, sizes, direction="store", registry=kv.UNCHECKED, max_slowdown=bad)
 
 
 def test_sizes_where_a_copy_stalled_beside_the_model_leave_its_slowdown_to_the_others():
@@ -110,42 +110,42 @@ def test_sizes_where_a_copy_stalled_beside_the_model_leave_its_slowdown_to_the_o
     stalled = [None, 0.004, 0.0]
     cal = table(beside={"batch h2d": [0.1, 52, 55], "staged h2d": [26, 30, 30]},
                 slowdown={"batch h2d": stalled, "staged h2d": [0.01] * 3, "kernel d2h": [None] * 3})
-    assert cal.slowdown_of("batch", "h2d", 32 << 10) == pytest.approx(0.004)
-    assert cal.rate_beside("batch", "h2d", 32 << 10) == 52  # nor the stalled rate
+    assert cal.slowdown_of("batch", "load", 32 << 10) == pytest.approx(0.004)
+    assert cal.rate_beside("batch", "load", 32 << 10) == 52  # nor the stalled rate
     for near_the_stall in (1 << 10, 4 << 10, 8 << 10, 16 << 10):  # 16 KiB: as near 4 KiB as 64
-        assert cal.slowdown_of("batch", "h2d", near_the_stall) == float("inf")
-    assert cal.slowdown_of("kernel", "d2h", 32 << 10) == float("inf")
-    assert choose(cal, "h2d", 32 << 10, RUNS) == ("batch", 52)
-    assert choose(cal, "h2d", 4 << 10, RUNS)[0] == "staged"  # where batch stalls it is not within
-    assert choose(cal, "h2d", 4 << 10, RUNS, max_slowdown=float("inf"))[0] == "staged"
+        assert cal.slowdown_of("batch", "load", near_the_stall) == float("inf")
+    assert cal.slowdown_of("kernel", "store", 32 << 10) == float("inf")
+    assert choose(cal, "load", 32 << 10, RUNS) == ("batch", 52)
+    assert choose(cal, "load", 4 << 10, RUNS)[0] == "staged"  # where batch stalls it is not within
+    assert choose(cal, "load", 4 << 10, RUNS, max_slowdown=float("inf"))[0] == "staged"
     cal.slowdown = {k: [None] * 3 if k == "kernel d2h" else [0.3] * 3 for k in cal.slowdown}
-    assert choose(cal, "d2h", 32 << 10, 0)[0] != "kernel"  # never measured: not the gentlest
+    assert choose(cal, "store", 32 << 10, 0)[0] != "kernel"  # never measured: not the gentlest
 
 
 def test_a_stall_between_measured_sizes_rules_out_only_the_sizes_nearest_it():
     cal = table(beside={"batch d2h": [40, 0.1, 55]}, slowdown={"batch d2h": [0.001, None, 0.001]})
-    assert cal.slowdown_of("batch", "d2h", 64 << 10) == float("inf")
-    assert cal.slowdown_of("batch", "d2h", 8 << 10) == pytest.approx(0.001)
-    assert cal.rate_beside("batch", "d2h", 8 << 10) > 40  # between 40 and 55, not toward 0.1
-    assert choose(cal, "d2h", 64 << 10, 0)[0] != "batch"
+    assert cal.slowdown_of("batch", "store", 64 << 10) == float("inf")
+    assert cal.slowdown_of("batch", "store", 8 << 10) == pytest.approx(0.001)
+    assert cal.rate_beside("batch", "store", 8 << 10) > 40  # between 40 and 55, not toward 0.1
+    assert choose(cal, "store", 64 << 10, 0)[0] != "batch"
 
 
 def test_with_no_method_within_the_slowdown_the_gentlest_wins():
     for gentlest in CANDIDATES:
         cal = table(slowdown={f"{m} d2h": [0.05 if m == gentlest else 0.1] * 3 for m in CANDIDATES})
-        assert choose(cal, "d2h", 16 << 10, 0)[0] == gentlest
+        assert choose(cal, "store", 16 << 10, 0)[0] == gentlest
 
 
 def test_every_candidate_is_a_method_name():
     assert copy_method("kernel_ctas2") == Kernel(max_ctas=2) and copy_method("kernel_ctas4") == Kernel(max_ctas=4)
     cal = table(kernel_ctas4__h2d__scattered=[60] * 6)
-    assert choose(cal, "h2d", 4 << 10, 0, max_slowdown=None) == ("kernel_ctas4", 60)
+    assert choose(cal, "load", 4 << 10, 0, max_slowdown=None) == ("kernel_ctas4", 60)
 
 
 def test_sizes_outside_the_table_take_its_ends():
     cal = table(batch__h2d__scattered=[2, 5, 40, 50, 54, 55])
-    assert choose(cal, "h2d", 64, 0, max_slowdown=None)[1] == 2
-    assert choose(cal, "h2d", 1 << 30, 0, max_slowdown=None)[1] == 55
+    assert choose(cal, "load", 64, 0, max_slowdown=None)[1] == 2
+    assert choose(cal, "load", 1 << 30, 0, max_slowdown=None)[1] == 55
 
 
 def test_mean_host_run_counts_ranges_that_follow_each_other_in_order():
@@ -156,19 +156,19 @@ def test_mean_host_run_counts_ranges_that_follow_each_other_in_order():
 
 
 def test_bad_method_or_direction_raise_before_copying():
-    with pytest.raises(ValueError, match=r"direction: expected one of \('h2d', 'load', 'd2h', 'store'\), got 'up'"):
+    with pytest.raises(ValueError, match=r"direction: expected one of \('load', 'store'\), got 'up'"):
         auto.copy([1], [2], [3], direction="up", method="batch", registry=kv.UNCHECKED)
     with pytest.raises(ValueError, match=r"method: expected one of"):
-        auto.copy([1], [2], [3], direction="h2d", method="fastest", registry=kv.UNCHECKED)
+        auto.copy([1], [2], [3], direction="load", method="fastest", registry=kv.UNCHECKED)
     with pytest.raises(ValueError, match=r"max_slowdown: must be a number >= 0 or None"):
-        auto.copy([1], [2], [3], direction="h2d", max_slowdown=-0.1, registry=kv.UNCHECKED)
+        auto.copy([1], [2], [3], direction="load", max_slowdown=-0.1, registry=kv.UNCHECKED)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 def test_auto_without_a_gpu_raises_no_cuda_device():
     rng = np.random.default_rng(0)
     src, dst = rng.integers(0, 256, 4096, dtype=np.uint8), np.full(4096, 0xA5, np.uint8)
-    for direction in ("h2d", "d2h"):
+    for direction in ("load", "store"):
         with pytest.raises(kv.NoCudaDeviceError, match=r"no CUDA device"):
             auto.copy([src.ctypes.data], [dst.ctypes.data], [4096], direction=direction, registry=kv.UNCHECKED)
     assert (dst == 0xA5).all()

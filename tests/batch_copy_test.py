@@ -98,7 +98,7 @@ BAD_ARRAYS = {
 
 
 def staged_load(src, dst, sizes, **kwargs):
-    return kv.staged_copy(src, dst, sizes, True, **kwargs, registry=kv.UNCHECKED)
+    return kv.staged_copy(src, dst, sizes, "load", **kwargs, registry=kv.UNCHECKED)
 
 
 kernel_copy = functools.partial(kv.kernel_copy, registry=kv.UNCHECKED)
@@ -487,8 +487,8 @@ def every_mode(registry):
         "batch_copy": functools.partial(kv.batch_copy, registry=registry),
         "batch_copy per_copy": functools.partial(kv.batch_copy, per_copy=True, registry=registry),
         "kernel_copy": functools.partial(kv.kernel_copy, registry=registry),
-        "staged_copy h2d": functools.partial(kv.staged_copy, direction="h2d", registry=registry),
-        "staged_copy d2h": functools.partial(kv.staged_copy, direction="d2h", registry=registry),
+        "staged_copy h2d": functools.partial(kv.staged_copy, direction="load", registry=registry),
+        "staged_copy d2h": functools.partial(kv.staged_copy, direction="store", registry=registry),
     }
     for method in ("auto",) + auto.METHODS:
         for direction in kv.Direction:

@@ -99,10 +99,10 @@ def test_the_file_lock_makes_another_process_wait(tmp_path):
 
 def test_interpolation_is_logarithmic_and_clamped():
     cal = fake("x")
-    assert cal.rate("batch", "h2d", "scattered", 8 << 10) == pytest.approx(1.5)
-    assert cal.rate("batch", "h2d", "scattered", 1) == 1 and cal.rate("batch", "h2d", "scattered", 1 << 40) == 6
-    assert cal.slowdown_of("batch", "h2d", 2 << 20) == pytest.approx(0.02)
-    assert cal.rate_beside("batch", "h2d", 16 << 10) == pytest.approx(1.5)
+    assert cal.rate("batch", "load", "scattered", 8 << 10) == pytest.approx(1.5)
+    assert cal.rate("batch", "load", "scattered", 1) == 1 and cal.rate("batch", "load", "scattered", 1 << 40) == 6
+    assert cal.slowdown_of("batch", "load", 2 << 20) == pytest.approx(0.02)
+    assert cal.rate_beside("batch", "load", 16 << 10) == pytest.approx(1.5)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")

@@ -32,7 +32,7 @@ def test_kernel_mixed_sizes_and_cta_budgets(direction, max_ctas):
     run(kv.kernel_copy, rng, direction, sizes, 1 << 18, True, pool_bytes=256 << 20, max_ctas=max_ctas)
 
 
-@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+@pytest.mark.parametrize("direction", ["load", "store"])
 def test_kernel_a_million_copies(direction):
     rng = np.random.default_rng(7)
     run(kv.kernel_copy, rng, direction, np.full(scaled(1 << 20), 16), 16, False, pool_bytes=32 << 20)

@@ -41,7 +41,7 @@ def test_each_method_passes_its_own_options(calls, seed):
     order, stream = kv.SrcAccessOrder.ANY, int(rng.integers(3, 1000))
     registry = kv.MemoryRegistry()
     for method in (PerCopy(), Batch(), Kernel(max_ctas=ctas), Staged(slot_bytes=slot, slots=slots, max_ctas=ctas)):
-        method(src, dst, sizes, stream, direction="d2h", order=order, registry=registry)
+        method(src, dst, sizes, stream, direction="store", order=order, registry=registry)
     (f0, a0, k0), (f1, a1, k1), (f2, a2, k2), (f3, a3, k3) = calls
     assert (f0, k0) == ("batch_copy", dict(order=order, per_copy=True, registry=registry))
     assert (f1, k1) == ("batch_copy", dict(order=order, registry=registry))
@@ -58,7 +58,7 @@ def test_names_resolve_to_the_defaults_and_auto_runs_a_given_object(calls):
     assert copy_method("kernel_ctas2") == Kernel(max_ctas=2)
     method = Kernel(max_ctas=3)
     assert copy_method(method) is method
-    assert auto.copy([1], [2], [3], 7, direction="h2d", method=method, registry=kv.UNCHECKED) == "kernel_copy"
+    assert auto.copy([1], [2], [3], 7, direction="load", method=method, registry=kv.UNCHECKED) == "kernel_copy"
     assert calls[0][1][3:] == (7, 3)
 
 

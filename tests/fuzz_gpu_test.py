@@ -43,8 +43,8 @@ PATHS = {  # name -> (copy, src side, dst side)
     "batch d2d": (kv.batch_copy, "device", "device"),
     "kernel h2d": (kv.kernel_copy, "host", "device"),
     "kernel d2h": (kv.kernel_copy, "device", "host"),
-    "staged h2d": (lambda s, d, z, st, **k: kv.staged_copy(s, d, z, True, st, **k), "host", "device"),
-    "staged d2h": (lambda s, d, z, st, **k: kv.staged_copy(s, d, z, False, st, **k), "device", "host"),
+    "staged h2d": (lambda s, d, z, st, **k: kv.staged_copy(s, d, z, "load", st, **k), "host", "device"),
+    "staged d2h": (lambda s, d, z, st, **k: kv.staged_copy(s, d, z, "store", st, **k), "device", "host"),
 }
 
 

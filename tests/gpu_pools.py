@@ -9,7 +9,7 @@ import kvoffload as kv
 from scatter import POISON, scatter
 
 POOL = 8 << 20
-DIRECTIONS = {"h2d": ("host", "device"), "d2h": ("device", "host"), "d2d": ("device", "device")}
+DIRECTIONS = {"load": ("host", "device"), "store": ("device", "host"), "d2d": ("device", "device")}
 
 
 def pool(where, data):
@@ -17,8 +17,8 @@ def pool(where, data):
     return host.pin_memory() if where == "host" else host.cuda()
 
 
-def run(copy, rng, direction, sizes, slot, misalign, pool_bytes=POOL, **kwargs):
-    src_where, dst_where = DIRECTIONS[direction]
+def run(copy, rng, way, sizes, slot, misalign, pool_bytes=POOL, **kwargs):
+    src_where, dst_where = DIRECTIONS[way]
     src_bytes = rng.integers(0, 256, pool_bytes, dtype=np.uint8)
     src, dst = pool(src_where, src_bytes), pool(dst_where, np.full(pool_bytes, POISON, np.uint8))
     plan = scatter(rng, sizes, slot=slot, pool_bytes=pool_bytes, misalign=misalign)

@@ -59,7 +59,7 @@ def test_pointers_of_one_device_with_a_stream_of_the_other_are_refused(copy):
         if copy == "kernel":
             kv.kernel_copy(*args, stream=stream, registry=kv.UNCHECKED)
         else:
-            kv.staged_copy(*args, host_is_src=False, stream=stream, registry=kv.UNCHECKED)
+            kv.staged_copy(*args, direction="store", stream=stream, registry=kv.UNCHECKED)
     assert (host == POISON).all()
 
 

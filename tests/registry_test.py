@@ -98,7 +98,7 @@ def test_the_staged_copy_checks_each_side_for_its_kind():
     rng = np.random.default_rng(1)
     src, dst = host_pair(rng)
     with pytest.raises(ValueError, match=r"dst\[0\]: .* outside registered device memory; no region of device"):
-        kv.staged_copy([src.ctypes.data], [dst.ctypes.data], [16], True, registry=registered(src, dst))
+        kv.staged_copy([src.ctypes.data], [dst.ctypes.data], [16], "load", registry=registered(src, dst))
     assert (dst == 0xA5).all()
 
 

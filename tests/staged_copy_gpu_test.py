@@ -15,13 +15,13 @@ def require_gpu():
     assert torch.cuda.is_available(), "GPU tests need a CUDA device"
 
 
-@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+@pytest.mark.parametrize("direction", ["load", "store"])
 @pytest.mark.parametrize("size", [1, 17, 4096, 4097, 70_000])
 def test_staged_odd_sizes_wrap_around_a_small_ring(direction, size):
     rng = np.random.default_rng(size)
     # 200 copies through 2 slots of 64 KiB: the ring wraps many times.
     result = run(kv.staged_copy, rng, direction, np.full(200, size), 1 << 17, True,
-                 pool_bytes=32 << 20, host_is_src=direction == "h2d", slot_bytes=64 << 10, slots=2)
+                 pool_bytes=32 << 20, direction=direction, slot_bytes=64 << 10, slots=2)
     assert result.path == "staged" and result.driver_calls >= -(-200 * size // (64 << 10))
 
 
@@ -31,10 +31,10 @@ def staged_and_checked(rng, direction, host_off, dev_off, sizes, pool_bytes, **r
     src_where, dst_where = DIRECTIONS[direction]
     src_bytes = rng.integers(0, 256, pool_bytes, dtype=np.uint8)
     src, dst = pool(src_where, src_bytes), pool(dst_where, np.full(pool_bytes, POISON, np.uint8))
-    s_off, d_off = (host_off, dev_off) if direction == "h2d" else (dev_off, host_off)
+    s_off, d_off = (host_off, dev_off) if direction == "load" else (dev_off, host_off)
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()
-    result = kv.staged_copy(s_off + src.data_ptr(), d_off + dst.data_ptr(), sizes, host_is_src=direction == "h2d",
+    result = kv.staged_copy(s_off + src.data_ptr(), d_off + dst.data_ptr(), sizes, direction=direction,
                             stream=stream, registry=kv.UNCHECKED, **ring)
     stream.synchronize()
     want = np.full(pool_bytes, POISON, np.uint8)
@@ -44,7 +44,7 @@ def staged_and_checked(rng, direction, host_off, dev_off, sizes, pool_bytes, **r
     return result
 
 
-@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+@pytest.mark.parametrize("direction", ["load", "store"])
 def test_staged_host_runs_and_a_job_larger_than_the_ring(direction):
     rng = np.random.default_rng(3)
     pool_bytes = 64 << 20
@@ -58,7 +58,7 @@ def test_staged_host_runs_and_a_job_larger_than_the_ring(direction):
     assert result.driver_calls == 12 + 12  # per slot: a kernel, one batch call of a 4 MiB host run
 
 
-@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+@pytest.mark.parametrize("direction", ["load", "store"])
 def test_staged_loads_move_copies_under_64_kib_one_by_one_and_the_rest_batched(direction):
     rng = np.random.default_rng(11)
     pool_bytes = 16 << 20
@@ -69,15 +69,15 @@ def test_staged_loads_move_copies_under_64_kib_one_by_one_and_the_rest_batched(d
                          for _ in range(2))
     result = staged_and_checked(rng, direction, host_off, dev_off, sizes, pool_bytes, slot_bytes=4 << 20, slots=2)
     # One slot: its kernel, one batch call, and for loads a call per copy under 64 KiB.
-    assert result.driver_calls == 2 + (len(small) if direction == "h2d" else 0)
+    assert result.driver_calls == 2 + (len(small) if direction == "load" else 0)
 
 
 def test_staged_copy_follows_stream_order():
-    check_stream_order(lambda *a, **k: kv.staged_copy(*a, host_is_src=False, registry=kv.UNCHECKED, **k), 7)
+    check_stream_order(lambda *a, **k: kv.staged_copy(*a, direction="store", registry=kv.UNCHECKED, **k), 7)
 
 
-def staged(host_is_src):
-    return lambda *args, **kwargs: kv.staged_copy(*args, host_is_src=host_is_src, **kwargs)
+def staged(load):
+    return lambda *args, **kwargs: kv.staged_copy(*args, direction="load" if load else "store", **kwargs)
 
 
 REFUSED = {  # name -> (copy, src memory, dst memory, message)

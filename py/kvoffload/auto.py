@@ -68,7 +68,7 @@ def copy(src, dst, sizes, stream=None, *, direction: Direction | str,
     options); "auto" picks one from the calibration of the stream's device (see the
     module doc).
 
-    ``direction``: a Direction, or "h2d"/"load" or "d2h"/"store". ``order``: how the
+    ``direction``: a Direction, "load" or "store". ``order``: how the
     DMA methods may read the source (the SM methods read in stream order).
     ``registry``: as for kvoffload.batch_copy.
     """

@@ -105,41 +105,26 @@ def staged_copy(
     src: Int64Array,
     dst: Int64Array,
     sizes: Int64Array,
-    direction: Direction | str | bool | None = None,
+    direction: Direction | str | None = None,
     stream: Stream = None,
     slot_bytes: int = STAGED_SLOT_BYTES,
     slots: int = STAGED_SLOTS,
     max_ctas: int = KERNEL_CTAS,
     *,
-    host_is_src: bool | None = None,
     registry,
 ) -> CopyResult:
     """Copies between scattered device blocks and host memory in large runs, through a
     device staging ring: DMA of the host runs, plus a gather or scatter kernel.
 
-    ``direction``: a Direction ("h2d" or "load": host -> device; "d2h" or "store"), or
-    as before, ``host_is_src`` (a bool, here or by that name). The ring has ``slots``
+    ``direction``: a Direction, "load" (host -> device) or "store". The ring has ``slots``
     slots of ``slot_bytes``; slices pipeline, and any batch size wraps around the ring.
     The host side must be page-locked, the device side the stream's device's (ValueError).
     """
-    direction = _staged_direction(direction, host_is_src)
-    src, dst, sizes = _checked(registry, src, dst, sizes, *direction.kinds)
-    return _C.staged_copy(src, dst, sizes, direction.host_is_src, stream, slot_bytes, slots, max_ctas)
-
-
-def _staged_direction(direction, host_is_src) -> Direction:
-    """staged_copy's direction, from ``direction`` or the older ``host_is_src``."""
-    if host_is_src is not None:
-        if direction is not None:
-            raise TypeError("host_is_src: give direction or host_is_src, not both")
-        if not isinstance(host_is_src, (bool, np.bool_)):
-            raise TypeError(f"host_is_src: expected a bool, got {type(host_is_src).__name__}")
-        direction = host_is_src
     if direction is None:
-        raise TypeError("direction: missing (a Direction, 'h2d' or 'd2h')")
-    if isinstance(direction, (bool, np.bool_)):
-        return Direction.LOAD if direction else Direction.STORE
-    return Direction.parse(direction, "direction")
+        raise TypeError("direction: missing (a Direction, 'load' or 'store')")
+    direction = Direction.parse(direction, "direction")
+    src, dst, sizes = _checked(registry, src, dst, sizes, *direction.kinds)
+    return _C.staged_copy(src, dst, sizes, direction.native_load, stream, slot_bytes, slots, max_ctas)
 
 
 def host_copy(src: Int64Array, dst: Int64Array, sizes: Int64Array, threads: int = 0, *,

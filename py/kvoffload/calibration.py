@@ -81,7 +81,7 @@ class Calibration:
     # outlasted the steps enqueued ahead of them (the loop ran dry beside them).
     slowdown: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
 
-    # Keys spell a direction "h2d" or "d2h" (Direction.short), in the cache file too.
+    # Keys spell a direction "h2d" or "d2h" (_KEY), in the cache file too.
     def rate(self, method: str, direction: Direction | str, pattern: str, copy_bytes: float) -> float:
         return _interpolate(self.sizes, self.rates[f"{method} {_short(direction)} {pattern}"], copy_bytes)
 
@@ -111,8 +111,11 @@ class Calibration:
         return [size for size, s in zip(self.beside_sizes, self.slowdown[name]) if s is not None]
 
 
+_KEY = {Direction.LOAD: "h2d", Direction.STORE: "d2h"}
+
+
 def _short(direction: Direction | str) -> str:
-    return Direction.parse(direction, "direction").short
+    return _KEY[Direction.parse(direction, "direction")]
 
 
 def _interpolate(sizes, values, at) -> float:
@@ -184,7 +187,7 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
         for pattern in PATTERNS:
             for direction in Direction:
                 for method in CANDIDATES:
-                    cal.rates[f"{method} {direction.short} {pattern}"] = [
+                    cal.rates[f"{method} {_KEY[direction]} {pattern}"] = [
                         moved / min(seconds(copies(method, direction, b, pattern)[0]) for _ in range(2)) / 1e9
                         for b in SIZES]
 
@@ -203,7 +206,7 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
                     reps *= 4  # faster beside the loop than alone
             else:
                 raise compute_loop.WindowTooShort(
-                    f"{method} {direction.short} {block}: no compute step inside {reps} copies")
+                    f"{method} {_KEY[direction]} {block}: no compute step inside {reps} copies")
             # Not covered by a loop 20 times its time alone: as good as stopped.
             return (got.gb_per_s if got else moved / alone / 1e9 / 20,
                     got.step_slowdown if got and not got.dry_steps else None)
@@ -218,8 +221,8 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
             for direction in Direction:
                 for method in CANDIDATES:
                     picked = [least_slowdown(measured[method, direction, b]) for b in BESIDE_SIZES]
-                    cal.beside[f"{method} {direction.short}"] = [rate for rate, _ in picked]
-                    cal.slowdown[f"{method} {direction.short}"] = [slowdown for _, slowdown in picked]
+                    cal.beside[f"{method} {_KEY[direction]}"] = [rate for rate, _ in picked]
+                    cal.slowdown[f"{method} {_KEY[direction]}"] = [slowdown for _, slowdown in picked]
         return cal
 
 

@@ -50,23 +50,15 @@ class MemoryKind(_Word):
 
 
 class Direction(_Word):
-    """Which way a copy moves bytes between host and device memory. Spellings: the
-    value ("load", "store"; the handler's lanes) and ``short`` ("h2d", "d2h"; the copy
-    methods and the calibration)."""
+    """Which way a copy moves bytes between host and device memory, spelt "load" or
+    "store" everywhere."""
 
     LOAD = "load"  # host -> device
     STORE = "store"  # device -> host
 
-    @classmethod
-    def _spellings(cls) -> dict:
-        return {spelling: member for member in cls for spelling in (member.short, member.value)}
-
     @property
-    def short(self) -> str:
-        return "h2d" if self is Direction.LOAD else "d2h"
-
-    @property
-    def host_is_src(self) -> bool:
+    def native_load(self) -> bool:
+        """The C++ core's ``bool load``."""
         return self is Direction.LOAD
 
     def ends(self, host, device) -> tuple:
