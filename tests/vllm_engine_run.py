@@ -193,17 +193,22 @@ def _fail_loads(handler):
     handler._lanes.make = failing
 
 
-def _spec_classes():
-    from kvoffload.vllm.spec import KVOffloadSpec
-
-    class RecordingSpec(KVOffloadSpec):
-        """KVOffloadSpec that keeps its worker where this run can reach it."""
+def _recording(base):
+    class Recording(base):
+        """The spec, keeping its worker where this run can reach it."""
 
         def create_worker(self, kv_caches):
             worker = super().create_worker(kv_caches)
             WORKERS.append(worker)
             TALLY.wrap(worker.handler)
             return worker
+
+    return Recording
+
+
+def _spec_classes():
+    from kvoffload.vllm.spec import KVOffloadSpec
+    from kvoffload.vllm.tiering import KVOffloadTieringSpec
 
     class FailingLoadsSpec(KVOffloadSpec):
         """KVOffloadSpec whose handler fails every load job."""
@@ -213,18 +218,7 @@ def _spec_classes():
             _fail_loads(worker.handler)
             return worker
 
-    from kvoffload.vllm.tiering import KVOffloadTieringSpec
-
-    class RecordingTieringSpec(KVOffloadTieringSpec):
-        """KVOffloadTieringSpec that keeps its worker where this run can reach it."""
-
-        def create_worker(self, kv_caches):
-            worker = super().create_worker(kv_caches)
-            WORKERS.append(worker)
-            TALLY.wrap(worker.handler)
-            return worker
-
-    return RecordingSpec, FailingLoadsSpec, RecordingTieringSpec
+    return _recording(KVOffloadSpec), FailingLoadsSpec, _recording(KVOffloadTieringSpec)
 
 
 SPEC_NAMES = ("RecordingSpec", "FailingLoadsSpec", "RecordingTieringSpec")

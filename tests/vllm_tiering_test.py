@@ -145,17 +145,22 @@ def test_stores_land_in_the_rows_the_tiers_read_and_load_back(tmp_path, refs, se
             skip = first[g] if c == 0 else 0
             assert_row(tier_view[chunks[g][c]], expected_row(cache, src[g][lo:hi], skip),
                        f"group {g} chunk {c}")
-    for g in range(len(refs)):
-        cache.poison(g, dst[g])
-    gpu, cpu = job(dst, first, chunks, BPC)
-    started = time.perf_counter()
-    assert worker.submit_load(2, cpu, gpu)
-    finish(worker, {2}, started)
-    for g in range(len(refs)):
-        cache.assert_blocks(snapshot, g, src[g], dst[g])
+    load_back(worker, cache, snapshot, src, dst, first, chunks, BPC)
     worker.shutdown()
     del tier_view
     manager.shutdown()
+
+
+def load_back(worker, cache, snapshot, src, dst, first, chunks, bpc):
+    """Loads the chunks stored from src[g] into other, poisoned blocks dst[g]."""
+    for g in range(len(dst)):
+        cache.poison(g, dst[g])
+    gpu, cpu = job(dst, first, chunks, bpc)
+    started = time.perf_counter()
+    assert worker.submit_load(2, cpu, gpu)
+    finish(worker, {2}, started)
+    for g in range(len(dst)):
+        cache.assert_blocks(snapshot, g, src[g], dst[g])
 
 
 def schedule_end(manager):
@@ -307,14 +312,7 @@ def check_round_trip(rng, spec, cache, refs, bpc=BPC, rank_views=None):
                 c, j = chunks[g][k // bpc], k % bpc
                 assert np.array_equal(tier_view[c, at + j * page:at + (j + 1) * page],
                                       snapshot[i][b, :page].numpy().view(np.uint8)), (g, i, k)
-    for g in range(len(refs)):
-        cache.poison(g, dst[g])
-    started = time.perf_counter()
-    gpu, cpu = job(dst, [0] * len(refs), chunks, bpc)
-    assert worker.submit_load(2, cpu, gpu)
-    finish(worker, {2}, started)
-    for g in range(len(refs)):
-        cache.assert_blocks(snapshot, g, src[g], dst[g])
+    load_back(worker, cache, snapshot, src, dst, [0] * len(refs), chunks, bpc)
     worker.shutdown()
     del tier_view
     manager.shutdown()
