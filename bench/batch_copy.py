@@ -7,9 +7,9 @@ Methods: one bulk copy of everything; the per-copy cudaMemcpyAsync loop (vLLM's
 swap_blocks); cuMemcpyBatchAsync with STREAM (vLLM's stores) and with ANY (vLLM's
 loads); kvoffload's raw-pointer kernel, staged and auto copies; and its id-addressed
 page copies (kvoffload.page_table, staged and direct), given the same blocks as block
-and chunk ids. With --interference=model,gemm each method also runs beside a compute
-loop (kvoffload.compute_loop). Without a GPU it measures the host path instead, and
-says so.
+and chunk ids. With --interference=model,gemm each method is also kept in flight beside a
+compute loop on kvoffload.meter, with bulk copies beside it as the reference of the same
+run. Without a GPU it measures the host path instead, and says so.
 """
 
 import datetime
@@ -24,10 +24,10 @@ import time
 import numpy as np
 from absl import app, flags
 
-from kvoffload import compute_loop
 import kvoffload as kv
-from kvoffload import auto, copy_methods, page_methods
+from kvoffload import auto, compute_loop, copy_methods, meter, page_methods
 from kvoffload.page_table import PageTable
+from kvoffload.steady_copies import BulkCopies, RawCopies
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("block_kib", ["4", "16", "64", "256", "1024", "2048"], "Block sizes in KiB.")
@@ -53,7 +53,6 @@ flags.DEFINE_list("interference", [], "Compute loops (model, gemm; kvoffload.com
 flags.DEFINE_list("interference_kib", ["4", "16"], "Block sizes measured beside compute.")
 flags.DEFINE_list("interference_methods", ["batch_any", "kernel", "staged", "auto", "pages_staged",
                                            "pages_kernel"], "Methods measured beside compute.")
-flags.DEFINE_integer("passes", 8, "Copies of --moved_mib enqueued back to back beside compute.")
 flags.DEFINE_integer("page_ctas", 32, "CTAs of the page copies' kernels.")
 flags.DEFINE_integer("page_slot_mib", 64, "Staging slot size of the staged page copy, MiB.")
 flags.DEFINE_integer("page_slots", 2, "Staging slots of the staged page copy.")
@@ -72,7 +71,6 @@ def _with_stream(copy, stream, src, dst, sizes):
 
 def gpu_methods(direction):
     """name -> copy(src, dst, sizes, stream)."""
-    load = direction == "load"
     methods = {
         "per_copy": lambda s, d, z, st: kv.batch_copy(s, d, z, st, per_copy=True, **UNCHECKED),
         "batch_stream": lambda s, d, z, st: kv.batch_copy(s, d, z, st, order=kv.SrcAccessOrder.STREAM, **UNCHECKED),
@@ -180,24 +178,17 @@ def measure_gpu(rng, rows, machine):
         src, dst = (pools[e].data_ptr() for e in ends[direction])
         return lambda: kv.batch_copy([src], [dst], [moved], stream, per_copy=True, **UNCHECKED)
 
-    def measure(row, copies, kib, stream, pieces=None):
-        """Fills in row's rate alone and, at the interference sizes, beside each loop
-        (there in ``pieces``, if given, between which the loop is fed)."""
+    beside = {}  # source name -> (row, make the source)
+
+    def measure(row, copies, kib, stream):
+        """Fills in row's rate alone and, at the interference sizes, names its source for
+        the meter."""
         best, host = min(time_gpu(torch, stream, lambda: [c() for c in copies])
                          for _ in range(FLAGS.repeats))
         rows.append(dict(row, seconds=best, submit_seconds=host))
-        if kib not in FLAGS.interference_kib or row["method"] not in FLAGS.interference_methods:
-            return
-        for workload, loop in loops.items():
-            got = loop.beside(stream, (pieces or copies) * FLAGS.passes,
-                              FLAGS.passes * moved * len(copies), FLAGS.passes * best)
-            if got is None:
-                print(f"{row['method']} {row['direction']} {kib} KiB: the {workload} loop did not "
-                      "cover the copies; not reported")
-                continue
-            rows.append(dict(row, seconds=best, workload=workload, gb_per_s_beside=got.gb_per_s,
-                             step_slowdown=got.step_slowdown, idle_drift=got.idle_drift,
-                             steps_in_window=got.steps_in_window, dry_steps=got.dry_steps))
+        if kib in FLAGS.interference_kib and row["method"] in FLAGS.interference_methods:
+            make = functools.partial(RawCopies, torch, lambda: [c() for c in copies], moved * len(copies), stream)
+            beside[f"{row['method']} {row['direction']} {kib}"] = (dict(row, seconds=best), make)
 
     for direction in FLAGS.directions:
         stream = streams[direction]
@@ -222,7 +213,6 @@ def measure_gpu(rng, rows, machine):
             sizes = np.full(count, block, dtype=np.int64)
             jobs[direction] = pages.job(rng, count)
             for method in FLAGS.methods:
-                pieces = None  # a page job is enqueued in microseconds: one piece
                 if method.startswith("pages_"):
                     copy = functools.partial(pages.copy, jobs[direction], direction == "load", stream, method)
                 row = dict(method=method, direction=direction, block_bytes=block)
@@ -232,12 +222,7 @@ def measure_gpu(rng, rows, machine):
                 if not method.startswith("pages_"):
                     run = functools.partial(_with_stream, methods[method], stream)
                     copy = functools.partial(run, s, d, sizes)
-                    # In pieces where the host enqueues per copy (a staged copy in pieces
-                    # would drain its ring between them).
-                    kind = row.get("chosen") or next(m for m in copy_methods.METHODS if method.startswith(m))
-                    if copy_methods.copy_method(kind).enqueues_per_copy:
-                        pieces = compute_loop.in_pieces(run, s, d, sizes)
-                measure(row, [copy], kib, stream, pieces)
+                measure(row, [copy], kib, stream)
         if FLAGS.both and len(jobs) == 2:
             # Stores and loads at once, on disjoint blocks (two halves of a fresh job).
             job = pages.job(rng, count)
@@ -250,6 +235,17 @@ def measure_gpu(rng, rows, machine):
                 seconds = min(both_at_once(torch, streams, copies) for _ in range(FLAGS.repeats))
                 rows.append(dict(method=method, direction="both", block_bytes=block,
                                  seconds=seconds * moved / (half * block)))
+    for workload, loop in loops.items():
+        sources = {name: make for name, (_, make) in beside.items()}
+        for direction in FLAGS.directions:
+            sources[f"bulk {direction}"] = functools.partial(BulkCopies, torch, direction, moved)
+        got = meter.measure(loop, sources)
+        for name, (row, _) in beside.items():
+            r, bulk = got[name], got[f"bulk {row['direction']}"]
+            print(f"{name} beside {workload}: {r.summary()}; bulk {bulk.step_slowdown:+.2%}")
+            rows.append(dict(row, workload=workload, gb_per_s_beside=r.gb_per_s, step_slowdown=r.step_slowdown,
+                             bulk_step_slowdown=bulk.step_slowdown, idle_drift=r.idle_drift, noisy=r.noisy,
+                             dry_steps=r.dry_steps))
 
 
 def gpu_machine():
@@ -368,13 +364,14 @@ def print_table(all_rows):
             for r in ours))
     beside = [r for r in all_rows if "workload" in r]
     if beside:
-        print("beside a compute loop: GB/s alone, GB/s beside (ratio to bulk), the loop's step "
-              "slowdown against the same sustained loop beside an idle stream")
+        print("beside a compute loop (kvoffload.meter): GB/s alone, GB/s beside (ratio to bulk), "
+              "the loop's step slowdown against its idle windows, and the bulk copies'")
         for r in beside:
             print(f"  {r['workload']:<6}{r['method']:<14}{r['direction']:<5}{r['block_bytes'] >> 10:>6} KiB "
                   f"{r['gb_per_s']:6.1f} {r['gb_per_s_beside']:6.1f} GB/s ({r['ratio_beside_to_bulk']:4.0%})"
-                  f"  slowdown {r['step_slowdown']:+.1%} over {r['steps_in_window']} steps"
-                  f" (idle loop drift {r['idle_drift']:+.1%}{', the loop ran dry %d times' % r['dry_steps'] if r['dry_steps'] else ''})")
+                  f"  slowdown {r['step_slowdown']:+.2%} (bulk {r['bulk_step_slowdown']:+.2%}, idle drift "
+                  f"{r['idle_drift']:+.2%}{', NOISY' if r['noisy'] else ''}"
+                  f"{', the loop ran dry %d times' % r['dry_steps'] if r['dry_steps'] else ''})")
     if beside:
         print_frontier(beside)
     submit = [r for r in rows if "submit_us_per_copy" in r and r["method"] != "bulk"]

@@ -10,9 +10,9 @@ to random CPU chunks of the handler's chunk-major pool and back. Without a GPU i
 the host path on a small cache and says so.
 
 --concurrent also runs stores and loads at once (disjoint blocks and chunks), the best of
-three, against two bulk copies at once, one each way. --interference=model also runs
-back-to-back bulk copies beside the loop: the slowdown that moving bytes at the link's
-rate costs it, a (noisy) reference for every method. --devices=0,1 runs one handler per GPU, both at
+three, against two bulk copies at once, one each way. --interference=model also keeps
+each handler's stores and loads in flight beside the loop on kvoffload.meter, with bulk
+copies beside it as the reference of the same run. --devices=0,1 runs one handler per GPU, both at
 once, against bulk copies on both GPUs at once.
 """
 
@@ -27,11 +27,11 @@ import time
 import numpy as np
 from absl import app, flags
 
-from kvoffload import compute_loop
 import kvoffload as kv
-from kvoffload import calibration
+from kvoffload import calibration, compute_loop, meter
 from kvoffload.handler import OffloadHandler
 from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
+from kvoffload.steady_copies import BulkCopies, HandlerAsWorker, WorkerCopies
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("job_blocks", ["32", "128", "512"], "Blocks per job (16 tokens each).")
@@ -148,21 +148,6 @@ def bulk_seconds(torch, nbytes):
             "store": concurrent_bulk_seconds(torch, [(dev, host, stream)])}
 
 
-def bulk_beside(torch, loop, direction, moved, alone_seconds_per_gib):
-    """Back-to-back bulk copies of 1 GiB, ``moved`` bytes in all, while ``loop`` runs:
-    what moving bytes at the link's rate costs the loop, a reference for every method."""
-    host, dev, stream = bulk_pair(torch, 1 << 30)
-    src, dst = (host, dev) if direction == "load" else (dev, host)
-    count = max(1, moved >> 30)
-
-    def enqueue():
-        for _ in range(count):
-            kv.batch_copy([src.data_ptr()], [dst.data_ptr()], [1 << 30], stream, per_copy=True,
-                          registry=kv.UNCHECKED)
-
-    return loop.beside(stream, enqueue, count << 30, count * alone_seconds_per_gib)
-
-
 def report(cache, method, direction, n, jobs, nbytes, wall, bulk_seconds_per_gib, **extra):
     """Prints and returns a result row; the ratio is to the bulk copy's rate."""
     row = dict(cache=cache, method=method, direction=direction, job=direction,
@@ -175,21 +160,6 @@ def report(cache, method, direction, n, jobs, nbytes, wall, bulk_seconds_per_gib
     print(f"{cache:<16} {method:<7} {direction:<10} {n:>4} blocks/job ({row['job_mib']:.0f} MiB) "
           f"x{jobs:<4} {row['gb_per_s']:6.1f} GB/s{ratio}")
     return row
-
-
-def beside(torch, loop, handler, specs, direction, nbytes, alone_seconds):
-    """The jobs submitted back to back while ``loop`` runs; the current stream marks
-    their window (it waits for them through handler.fence)."""
-    submitted = []
-
-    def one(spec):  # again, with fresh job ids, when the loop did not outlast the jobs
-        submitted.extend(submit(handler, [spec], direction, first_id=len(specs) + len(submitted)))
-
-    # A job a piece: the loop is fed between jobs whose submission is slow (the batch copy's).
-    pieces = [functools.partial(one, spec) for spec in specs] + [handler.fence]
-    got = loop.beside(torch.cuda.current_stream(), pieces, nbytes, alone_seconds)
-    finish(handler, submitted)
-    return got
 
 
 def submit_cost_row(torch, rng, bpc, method):
@@ -277,16 +247,6 @@ def main(argv):
               f"{(1 << 30) / bulk['both'] / 1e9:.1f} GB/s together")
     rows = []
     loops = {w: compute_loop.ComputeLoop(torch, w) for w in FLAGS.interference} if gpu else {}
-    for (workload, loop), direction in itertools.product(loops.items(), ("store", "load")):
-        got = bulk_beside(torch, loop, direction, moved, bulk[direction])
-        if got is None:
-            continue
-        rows.append(dict(cache="bulk", method="bulk", direction=direction, job=direction,
-                         block_bytes=1 << 30,
-                         gb_per_s=(1 << 30) / bulk[direction] / 1e9, ratio_to_bulk=1.0, workload=workload,
-                         gb_per_s_beside=got.gb_per_s, step_slowdown=got.step_slowdown,
-                         idle_drift=got.idle_drift, steps_in_window=got.steps_in_window, dry_steps=got.dry_steps))
-        print(f"bulk {direction} beside {workload}: {got.summary()} (the reference for every method)")
     for name, shape in CACHES.items():
         cache = make_cache(torch, shape, blocks, "cuda" if gpu else "cpu")
         handlers = {}
@@ -299,20 +259,25 @@ def main(argv):
                 method, make_handler(cache, chunks, bpc, method if gpu else "auto"))
             jobs = max(2, moved // (n * block_bytes))
             specs = [job_specs(rng, len(shape), n, blocks, chunks, bpc) for _ in range(jobs)]
+            alone = {}
             for direction in ("store", "load"):
                 run_jobs(torch, handler, specs[:1], direction)  # warm up
                 wall, nbytes, seconds = run_jobs(torch, handler, specs, direction)
                 rows.append(report(name, method, direction, n, jobs, nbytes, wall,
                                    bulk[direction] if bulk else None, block_bytes=page,
                                    median_job_seconds=float(np.median(seconds))))
-                for workload, loop in loops.items():
-                    got = beside(torch, loop, handler, specs, direction, nbytes, wall)
-                    if got is None:
-                        continue
-                    rows.append(dict(rows[-1], workload=workload, gb_per_s_beside=got.gb_per_s,
-                                     step_slowdown=got.step_slowdown, idle_drift=got.idle_drift,
-                                     steps_in_window=got.steps_in_window, dry_steps=got.dry_steps))
-                    print(f"  beside {workload}: {got.summary()}")
+                alone[direction] = rows[-1]
+            sources = {d: functools.partial(WorkerCopies, HandlerAsWorker(handler), {d: specs}, d)
+                       for d in ("store", "load")}
+            sources.update({f"bulk {d}": functools.partial(BulkCopies, torch, d) for d in ("store", "load")})
+            for workload, loop in loops.items():
+                got = meter.measure(loop, sources)
+                for direction, row in alone.items():
+                    r, ref = got[direction], got[f"bulk {direction}"]
+                    rows.append(dict(row, workload=workload, gb_per_s_beside=r.gb_per_s,
+                                     step_slowdown=r.step_slowdown, bulk_step_slowdown=ref.step_slowdown,
+                                     idle_drift=r.idle_drift, noisy=r.noisy, dry_steps=r.dry_steps))
+                    print(f"  {direction} beside {workload}: {r.summary()}; bulk {ref.step_slowdown:+.2%}")
         if gpu and FLAGS.concurrent:
             n = max(min(int(b), blocks // 4) for b in FLAGS.job_blocks)
             jobs = max(2, moved // (n * block_bytes))

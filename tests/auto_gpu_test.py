@@ -23,7 +23,7 @@ def test_calibration_is_measured_on_its_device_once_cached_and_keyed(tmp_path, m
     monkeypatch.setenv("KVOFFLOAD_CALIBRATION", str(path))
     monkeypatch.setattr(calibration, "_cached", {})
     real = calibration.measure
-    monkeypatch.setattr(calibration, "measure", lambda d: real(d, moved=64 << 20, pool=256 << 20))
+    monkeypatch.setattr(calibration, "measure", lambda d: real(d, moved=64 << 20, pool=256 << 20, steps=20, rounds=1, margin=6))
     device = torch.cuda.device_count() - 1
     cal = calibration.calibration(device)
     entry = json.loads(path.read_text())[calibration.device_key(device)]

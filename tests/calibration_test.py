@@ -10,7 +10,6 @@ import shutil
 import stat
 import tempfile
 
-import numpy as np
 import pytest
 import torch
 
@@ -116,16 +115,6 @@ def test_the_command_line_wants_recalibrate():
         calibration.main([])
     with pytest.raises(SystemExit, match="usage"):
         calibration.main(["--recalibrate", "--devices", "1"])
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_a_point_beside_the_loop_keeps_the_window_that_slowed_it_least(seed):
-    rng = np.random.default_rng(seed)
-    windows = [(float(rate), float(slowdown)) for rate, slowdown in rng.uniform(-0.05, 50, (3, 2))]
-    assert calibration.least_slowdown(windows) == min(windows, key=lambda w: w[1])
-    dry = [(9.0, None)] + windows  # a window where the loop ran dry measured no slowdown
-    assert calibration.least_slowdown(dry) == min(windows, key=lambda w: w[1])
-    assert calibration.least_slowdown([(9.0, None), (3.0, None)])[1] is None
 
 
 def _good_entry(key="fake GPU 0"):

@@ -1,11 +1,13 @@
-"""kvoffload.meter and the bulk copies on a GPU: the bytes arrive, every source gets its
-windows between idle ones, copies cover their windows, and the arguments are checked."""
+"""kvoffload.meter and its copy sources on a GPU: the bytes arrive, every source gets its
+windows between idle ones, copies cover their windows, a loop left dry by host work is
+seen, a failing source is raised, and the arguments are checked."""
 
 import pytest
 import torch
 
+import kvoffload as kv
 from kvoffload import compute_loop, meter
-from kvoffload.steady_copies import BulkCopies
+from kvoffload.steady_copies import BulkCopies, RawCopies
 
 
 @pytest.fixture(autouse=True)
@@ -67,3 +69,45 @@ def test_each_source_gets_its_rounds_of_covered_windows(loop):
 def test_bad_arguments_are_named(loop):
     with pytest.raises(ValueError, match="margin"):
         meter.measure(loop, {"a": Nothing}, steps=10, margin=1)
+
+
+def test_raw_copies_move_the_bytes_and_count_each_call_once():
+    src = torch.randint(0, 256, (4 << 20,), dtype=torch.uint8).pin_memory()
+    dst = torch.full((src.numel(),), 0xA5, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.Stream()
+    pages = torch.randperm(src.numel() // 4096).numpy().astype("int64") * 4096
+    sizes = pages * 0 + 4096
+    copy = lambda: kv.batch_copy(src.data_ptr() + pages, dst.data_ptr() + pages, sizes, stream,
+                                 registry=kv.UNCHECKED)
+    copies = RawCopies(torch, copy, src.numel(), stream, depth=2)
+    for _ in range(4):
+        copies.top_up()
+    moved = copies.drain()
+    assert torch.equal(dst.cpu(), src)
+    assert moved >= 2 * src.numel() and moved % src.numel() == 0
+    assert copies.drain() == 0
+
+
+class HoldsTheGil(Nothing):
+    """Host work that holds the GIL (a C loop), as a submit that never releases it would."""
+
+    def top_up(self):
+        super().top_up()
+        sum(range(20_000_000))
+
+
+def test_steps_enqueued_only_after_the_gpu_ran_dry_are_counted(loop):
+    got = meter.measure(loop, {"gil": HoldsTheGil, "nothing": Nothing}, steps=30, rounds=1, margin=6)
+    assert got["gil"].dry_steps > 0
+    assert got["nothing"].dry_steps == 0
+
+
+class Fails(Nothing):
+    def top_up(self):
+        raise RuntimeError("enqueue failed")
+
+
+def test_a_failing_source_is_raised_and_the_loop_still_runs(loop):
+    with pytest.raises(RuntimeError, match="enqueue failed"):
+        meter.measure(loop, {"fails": Fails}, steps=10, rounds=1, margin=4)
+    assert len(loop._steps(3)) == 3

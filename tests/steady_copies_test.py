@@ -1,12 +1,16 @@
-"""kvoffload.steady_copies.WorkerCopies without a GPU: jobs kept at their depth per
-direction, each spec taken in turn, bytes counted once, failures raised."""
+"""kvoffload.steady_copies without a GPU: jobs kept at their depth per direction, each
+spec taken in turn, bytes counted once, failures raised; a handler behind vLLM's verbs
+moves what the model of its pool says; raw calls kept at their depth."""
 
 import collections
 import random
 
+import numpy as np
 import pytest
 
-from kvoffload.steady_copies import BulkCopies, WorkerCopies
+from kv_model import check, make_handler
+from kvoffload.planner import CPUSpec, GPUSpec
+from kvoffload.steady_copies import BulkCopies, HandlerAsWorker, RawCopies, WorkerCopies
 
 
 class FakeWorker:
@@ -110,3 +114,65 @@ def test_bulk_copies_check_their_arguments_before_allocating(args, match):
 
     with pytest.raises((ValueError, TypeError), match=match):
         BulkCopies(NoTorch(), **(dict(direction="store") | args))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_handler_behind_the_worker_verbs_moves_its_jobs_exactly(seed):
+    rng = np.random.default_rng(seed)
+    handler, model = make_handler(rng, [256, 512], [2, 3], num_blocks=32, num_chunks=32, bpc=1,
+                                  cpu_layout="chunk_major")
+    # Overlapping chunks: the handler keeps a lane's stores in order, so the model replays
+    # them in the order WorkerCopies takes the specs.
+    stores = [(GPUSpec(rng.permutation(32)[:8], [4, 4], [0, 0]), CPUSpec(rng.permutation(16)[:8]))
+              for _ in range(3)]
+    copies = WorkerCopies(HandlerAsWorker(handler), {"store": stores}, "store", depth=2)
+    for _ in range(5):
+        copies.top_up()
+    moved = copies.drain()
+    job_bytes = 4 * (2 * 256 + 3 * 512)
+    assert moved % job_bytes == 0 and moved >= 2 * job_bytes
+    for i in range(moved // job_bytes):
+        gpu, cpu = stores[i % len(stores)]
+        model.store(gpu.block_ids, gpu.group_sizes, gpu.block_indices, cpu.chunk_ids)
+    check(handler, model)
+    handler.shutdown()
+
+
+class FakeTorch:
+    """Events that finish when the test says."""
+
+    class cuda:
+        done = set()
+
+        class Event:
+            made = []
+
+            def __init__(self):
+                self.made.append(self)
+
+            def record(self, stream):
+                pass
+
+            def query(self):
+                return self in FakeTorch.cuda.done
+
+            def synchronize(self):
+                FakeTorch.cuda.done.add(self)
+
+
+def test_raw_copies_stay_at_depth_and_count_each_call_once():
+    calls = []
+    copies = RawCopies(FakeTorch, lambda: calls.append(1), 100, stream=None, depth=3)
+    copies.top_up()
+    assert len(calls) == 3
+    FakeTorch.cuda.done.update(FakeTorch.cuda.Event.made[:2])
+    copies.top_up()
+    assert len(calls) == 5 and len(copies.flying) == 3
+    assert copies.drain() == 500 and copies.drain() == 0
+
+
+@pytest.mark.parametrize("args, match", [(dict(job_bytes=0), "job_bytes: must be >= 1"),
+                                         (dict(depth=0), "depth: must be >= 1")])
+def test_raw_copies_check_their_arguments(args, match):
+    with pytest.raises(ValueError, match=match):
+        RawCopies(FakeTorch, lambda: None, **(dict(job_bytes=1, stream=None) | args))

@@ -3,8 +3,8 @@
 For every candidate (kvoffload.copy_methods.CANDIDATES: each method with its defaults, and
 the copy kernel on fewer CTAs), direction and block size (4 KiB to 2 MiB) it
 times the method alone, with the host side scattered and in runs; at a few sizes it
-also runs the method beside the Llama-shaped layer loop of kvoffload.compute_loop and
-records its rate there and the loop's step slowdown (of two windows, the lesser).
+also keeps it in flight beside the Llama-shaped layer loop on kvoffload.meter and records
+its rate there and the loop's step slowdown.
 Measured on the device it describes, cached in a JSON file ($KVOFFLOAD_CALIBRATION, else
 ~/.cache/kvoffload/calibration.json) under that device's name, driver, PCIe link and
 bus id, written atomically under a lock, and measured again by
@@ -41,11 +41,7 @@ SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20]
 BESIDE_SIZES = [4 << 10, 64 << 10, 2 << 20]
 PATTERNS = ("scattered", "host_runs")
 RUN_BYTES = 256 << 10
-# Each point beside the loop is measured in this many windows, in separate passes, and
-# keeps the one that slowed the loop least: the loop's step time drifts between windows
-# (its clocks move under the power cap) by about as much as the 2% auto judges by.
-BESIDE_PASSES = 2
-FORMAT = 9  # entries of another format (9: the staged copy uploads once a call) are measured again
+FORMAT = 10  # entries of another format (10: beside the loop on kvoffload.meter) are measured again
 
 
 def path() -> pathlib.Path:
@@ -76,9 +72,9 @@ class Calibration:
     rates: dict[str, list[float]]  # "method direction pattern" -> GB/s alone, per size
     beside_sizes: list[int] = dataclasses.field(default_factory=list)
     beside: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # "method direction" -> GB/s
-    # "method direction" -> step slowdown per beside-size; None where nothing was measured:
-    # the copies outlasted a loop of 20 times their time alone, or their host enqueueing
-    # outlasted the steps enqueued ahead of them (the loop ran dry beside them).
+    # "method direction" -> step slowdown per beside-size (kvoffload.meter); None where
+    # nothing was measured: the copies did not cover their windows, or their host
+    # enqueueing outlasted the steps enqueued ahead of them (the loop ran dry beside them).
     slowdown: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
 
     # Keys spell a direction "h2d" or "d2h" (_KEY), in the cache file too.
@@ -124,12 +120,6 @@ def _interpolate(sizes, values, at) -> float:
     return float(np.interp(x, np.log2(sizes), values))
 
 
-def least_slowdown(measured: list[tuple[float, float | None]]) -> tuple[float, float | None]:
-    """Of one point's (GB/s, step slowdown) windows beside the loop, the one that slowed
-    it least; a slowdown of None (the loop ran dry) only where no window measured one."""
-    return min(measured, key=lambda m: math.inf if m[1] is None else m[1])
-
-
 def _offsets(rng, pool, block, n, pattern):
     """n distinct block offsets in a pool: at random, or in runs of RUN_BYTES at random."""
     if pattern == "scattered":
@@ -140,11 +130,14 @@ def _offsets(rng, pool, block, n, pattern):
     return runs[i // per_run].astype(np.int64) * per_run * block + (i % per_run) * block
 
 
-def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bool = True) -> Calibration:
-    """Times every candidate on ``device``; some seconds alone, a minute or two beside."""
+def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bool = True,
+            **windows) -> Calibration:
+    """Times every candidate on ``device``: some seconds alone, a few minutes beside.
+    windows: kvoffload.meter.measure's steps, rounds and margin (default: its own)."""
     import torch
 
-    from kvoffload import compute_loop
+    from kvoffload import compute_loop, meter
+    from kvoffload.steady_copies import RawCopies
 
     with torch.cuda.device(device):
         rng = np.random.default_rng(0)
@@ -152,18 +145,15 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
         gpu = torch.empty(pool, dtype=torch.uint8, device=device)
         stream = torch.cuda.Stream(device)
 
-        def copies(method, direction, block, pattern):
+        def copy(method, direction, block, pattern):
             n = moved // block
             g = _offsets(rng, pool, block, n, "scattered") + gpu.data_ptr()
             h = _offsets(rng, pool, block, n, pattern) + host.data_ptr()
             s, d = direction.ends(h, g)
             sizes = np.full(n, block, dtype=np.int64)
             # Addresses made above inside its own buffers.
-            run = functools.partial(CANDIDATES[method], stream=stream, direction=direction, registry=UNCHECKED)
-            whole = functools.partial(run, s, d, sizes)
-            # In pieces beside the loop where the host enqueues per copy (a staged copy in
-            # pieces would drain its ring between them).
-            return whole, compute_loop.in_pieces(run, s, d, sizes) if CANDIDATES[method].enqueues_per_copy else [whole]
+            return functools.partial(CANDIDATES[method], s, d, sizes, stream=stream, direction=direction,
+                                     registry=UNCHECKED)
 
         def seconds(copy):
             torch.cuda.synchronize()
@@ -172,57 +162,30 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
             stream.synchronize()
             return time.perf_counter() - start
 
-        def stream_seconds(copy):
-            """The copy's own window on its stream (its host enqueueing included where
-            that is slower than the GPU)."""
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            torch.cuda.synchronize()
-            start.record(stream)
-            copy()
-            end.record(stream)
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-
         cal = Calibration(device_key(device), SIZES, {}, BESIDE_SIZES if beside else [])
         for pattern in PATTERNS:
             for direction in Direction:
                 for method in CANDIDATES:
                     cal.rates[f"{method} {_KEY[direction]} {pattern}"] = [
-                        moved / min(seconds(copies(method, direction, b, pattern)[0]) for _ in range(2)) / 1e9
+                        moved / min(seconds(copy(method, direction, b, pattern)) for _ in range(2)) / 1e9
                         for b in SIZES]
-
-        def beside_once(loop, method, direction, block):
-            """(GB/s, step slowdown) of one window beside the loop."""
-            pattern = "host_runs" if CANDIDATES[method].name == "staged" else "scattered"
-            copy, pieces = copies(method, direction, block, pattern)
-            alone = stream_seconds(copy)
-            # Enough copies back to back that whole compute steps lie inside.
-            reps = max(4, math.ceil(4 * loop.step_seconds / alone))
-            for _ in range(3):
-                try:
-                    got = loop.beside(stream, pieces * reps, reps * moved, reps * alone)
-                    break
-                except compute_loop.WindowTooShort:
-                    reps *= 4  # faster beside the loop than alone
-            else:
-                raise compute_loop.WindowTooShort(
-                    f"{method} {_KEY[direction]} {block}: no compute step inside {reps} copies")
-            # Not covered by a loop 20 times its time alone: as good as stopped.
-            return (got.gb_per_s if got else moved / alone / 1e9 / 20,
-                    got.step_slowdown if got and not got.dry_steps else None)
-
         if beside:
             loop = compute_loop.ComputeLoop(torch, "model", f"cuda:{device}")
+
+            def source(method, direction, block):
+                pattern = "host_runs" if CANDIDATES[method].name == "staged" else "scattered"
+                return lambda: RawCopies(torch, copy(method, direction, block, pattern), moved, stream)
+
             points = [(m, d, b) for d in Direction for m in CANDIDATES for b in BESIDE_SIZES]
-            measured = {point: [] for point in points}
-            for _ in range(BESIDE_PASSES):  # whole passes: a point's windows lie apart in time
-                for point in points:
-                    measured[point].append(beside_once(loop, *point))
+            got = meter.measure(loop, {point: source(*point) for point in points}, **windows)
             for direction in Direction:
                 for method in CANDIDATES:
-                    picked = [least_slowdown(measured[method, direction, b]) for b in BESIDE_SIZES]
-                    cal.beside[f"{method} {_KEY[direction]}"] = [rate for rate, _ in picked]
-                    cal.slowdown[f"{method} {_KEY[direction]}"] = [slowdown for _, slowdown in picked]
+                    results = [got[method, direction, b] for b in BESIDE_SIZES]
+                    cal.beside[f"{method} {_KEY[direction]}"] = [r.gb_per_s for r in results]
+                    # A loop that ran dry waited for the host: its slowdown says nothing.
+                    cal.slowdown[f"{method} {_KEY[direction]}"] = [
+                        None if r.dry_steps or not all(w["covered"] for w in r.windows) else r.step_slowdown
+                        for r in results]
         return cal
 
 

@@ -42,9 +42,6 @@ class PerCopy:
     """One cudaMemcpyAsync per copy."""
 
     name: ClassVar[str] = "per_copy"
-    # Whether the host works per copy (the per-copy loop, the batch copy): such copies go to
-    # compute_loop.beside in pieces (compute_loop.in_pieces).
-    enqueues_per_copy: ClassVar[bool] = True
 
     def __call__(self, src, dst, sizes, stream=None, *, direction: Direction | str,
                  order=SrcAccessOrder.STREAM, registry) -> CopyResult:
@@ -56,7 +53,6 @@ class Batch:
     """The driver's batch copy (cuMemcpyBatchAsync)."""
 
     name: ClassVar[str] = "batch"
-    enqueues_per_copy: ClassVar[bool] = True
 
     def __call__(self, src, dst, sizes, stream=None, *, direction: Direction | str,
                  order=SrcAccessOrder.STREAM, registry) -> CopyResult:
@@ -68,7 +64,6 @@ class Kernel:
     """The SM copy kernel on at most ``max_ctas`` CTAs."""
 
     name: ClassVar[str] = "kernel"
-    enqueues_per_copy: ClassVar[bool] = False
     max_ctas: int = _option(KERNEL_CTAS)
 
     def __post_init__(self):
@@ -85,7 +80,6 @@ class Staged:
     gather or scatter kernel of at most ``max_ctas`` CTAs."""
 
     name: ClassVar[str] = "staged"
-    enqueues_per_copy: ClassVar[bool] = False
     slot_bytes: int = _option(STAGED_SLOT_BYTES, bits=64)
     slots: int = _option(STAGED_SLOTS)
     max_ctas: int = _option(KERNEL_CTAS)

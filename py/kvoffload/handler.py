@@ -145,7 +145,7 @@ class OffloadHandler:
     copy raw pointers (kvoffload.auto); "auto" picks among the others the fastest that
     slows a model beside it by at most ``max_slowdown`` (None: the fastest alone). With
     "auto", a device without a cached calibration is measured here
-    (kvoffload.calibration), taking a minute or two and 1 GiB each of pinned and device
+    (kvoffload.calibration), taking a few minutes and 1 GiB each of pinned and device
     memory for the while.
     """
 

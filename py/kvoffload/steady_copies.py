@@ -1,8 +1,10 @@
-"""Copy sources that kvoffload.meter keeps in flight: bulk copies (the reference) and the
-jobs of an offloading worker with vLLM's verbs (kvoffload's or vLLM's own)."""
+"""Copy sources that kvoffload.meter keeps in flight: bulk copies (the reference), calls of
+a raw-pointer copy method, and the jobs of an offloading worker (vLLM's verbs, kvoffload's
+or vLLM's own, or an OffloadHandler's)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 from kvoffload.planner import _require_int
@@ -54,6 +56,53 @@ class BulkCopies:
             flying.clear()
         moved, self.moved = self.moved, 0
         return moved
+
+
+class RawCopies:
+    """``copy()`` (a call that enqueues ``job_bytes`` of copies on ``stream``) kept ``depth``
+    calls in flight: one raw-pointer method on one batch of copies."""
+
+    def __init__(self, torch, copy, job_bytes: int, stream, depth: int = 2):
+        self.torch, self.copy, self.stream = torch, copy, stream
+        self.job_bytes = _require_int("job_bytes", job_bytes, 1)
+        self.depth = _require_int("depth", depth, 1)
+        self.flying = []
+        self.moved = 0
+
+    def top_up(self) -> None:
+        while self.flying and self.flying[0].query():
+            self.flying.pop(0)
+            self.moved += self.job_bytes
+        while len(self.flying) < self.depth:
+            self.copy()
+            event = self.torch.cuda.Event()
+            event.record(self.stream)
+            self.flying.append(event)
+
+    def drain(self) -> int:
+        for event in self.flying:
+            event.synchronize()
+            self.moved += self.job_bytes
+        self.flying.clear()
+        moved, self.moved = self.moved, 0
+        return moved
+
+
+class HandlerAsWorker:
+    """An OffloadHandler behind vLLM's worker verbs, for WorkerCopies."""
+
+    @dataclasses.dataclass
+    class Result:
+        job_id: int
+        success: bool
+        transfer_size: int
+
+    def __init__(self, handler):
+        self.handler = handler
+        self.submit_store, self.submit_load, self.wait = handler.store, handler.load, handler.wait
+
+    def get_finished(self) -> list[Result]:
+        return [self.Result(r.job_id, r.success, r.bytes) for r in self.handler.get_finished()]
 
 
 class WorkerCopies:
