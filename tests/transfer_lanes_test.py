@@ -350,7 +350,7 @@ def test_a_pipelined_job_ends_after_the_one_before_it_even_if_it_copies_nothing(
     lanes.close()
 
 
-def test_cuda_lanes_resolve_each_job_on_the_enqueue_thread_in_submission_order():
+def test_cuda_lanes_resolve_each_job_on_its_lanes_thread_in_submission_order():
     compute = _OrderedStream()
     torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
         Event=_OrderedEvent, Stream=_OrderedStream, current_stream=lambda device=None: compute))
@@ -374,14 +374,15 @@ def test_cuda_lanes_resolve_each_job_on_the_enqueue_thread_in_submission_order()
             return waits, waits if i % 2 else []  # odd jobs read what they wait for
         return call
 
-    waits_for = {}
+    waits_for, lane_of = {}, {}
     for i in range(24):
         waits_for[i] = sorted(set(rng.integers(0, i, size=2).tolist())) if i else []
-        handles.append(lanes.submit(random_lane(rng), copy(i), [], resolve=resolve(i, waits_for[i])))
+        lane_of[i] = random_lane(rng)
+        handles.append(lanes.submit(lane_of[i], copy(i), [], resolve=resolve(i, waits_for[i])))
     for handle in handles:
         lanes.wait(handle)
     assert [i for i, _ in resolved] == list(range(24))
-    assert {name for _, name in resolved} == {"kvoffload enqueue"}
+    assert all(name == f"kvoffload enqueue {lane_of[i]}" for i, name in resolved)
     for i, handle in enumerate(handles):
         broken = i in (7, 11) or (i % 2 and any(handles[j].error for j in waits_for[i]))
         assert (handle.error is not None) == broken, i
@@ -525,3 +526,39 @@ def test_cuda_lanes_warn_when_the_driver_has_too_few_hardware_queues(monkeypatch
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         CudaLanes(_FAKE_TORCH, 0, ["store"]).close()
+
+
+def test_one_lanes_enqueueing_does_not_hold_up_another_lanes():
+    # A store whose enqueueing lasts until the load after it has been enqueued: with one
+    # enqueue thread for both lanes it would wait out its whole timeout.
+    lanes = CudaLanes(_FAKE_TORCH, 0, LANES)
+    load_enqueued = threading.Event()
+    waited = []
+    store = lanes.submit("store", lambda stream: waited.append(load_enqueued.wait(TIMEOUT)), [])
+    load = lanes.submit("load", lambda stream: load_enqueued.set(), [])
+    for handle in (store, load):
+        lanes.wait(handle)
+    assert waited == [True] and store.error is None and load.error is None
+    lanes.close()
+
+
+def test_a_job_waiting_for_another_lanes_job_waits_until_that_one_is_enqueued():
+    compute = _OrderedStream()
+    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Event=_OrderedEvent, Stream=_OrderedStream, current_stream=lambda device=None: compute))
+    lanes = CudaLanes(torch, 0, LANES)
+    release, copied = threading.Event(), {}
+
+    def store(stream):
+        release.wait(TIMEOUT)
+        copied["store"] = stream.op()
+
+    first = lanes.submit("store", store, [])
+    second = lanes.submit("load", lambda stream: copied.__setitem__("load", stream.op()), [first])
+    time.sleep(0.05)
+    assert "load" not in copied  # still waiting on the host for the store's enqueueing
+    release.set()
+    for handle in (first, second):
+        lanes.wait(handle)
+    assert copied["load"].follows(copied["store"])
+    lanes.close()

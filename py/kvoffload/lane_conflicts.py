@@ -1,9 +1,9 @@
 """Which jobs of other lanes a new job must wait for, and which stores it reads from.
 
 One thread asks at a time, in submission order, and adds each job before the next one
-asks: the handler under its lock, or, for page jobs on CUDA lanes, the lanes' enqueue
-thread just before it enqueues the job, so that the caller's submit pays nothing for
-it. A job counts as in flight until ``done(handle)`` says otherwise; a handle's
+asks: the handler under its lock, or, for page jobs on CUDA lanes, the enqueue thread
+of the job's lane just before it enqueues the job (the lanes' threads take turns in
+submission order), so that the caller's submit pays nothing for it. A job counts as in flight until ``done(handle)`` says otherwise; a handle's
 ``error`` is None unless the job failed."""
 
 from __future__ import annotations

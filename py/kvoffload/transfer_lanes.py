@@ -13,6 +13,8 @@ as it is enqueued or run is reported by ``finish``, never raised.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import os
 import queue
 import threading
@@ -68,8 +70,11 @@ class CudaLanes:
     met while the first still copies, and its copies follow the first's with no drain.
 
     submit() only records where the compute stream stands and queues the job; one
-    thread per handler enqueues the jobs, in submission order, so the caller's thread
-    never pays for enqueueing (a driver call per host run for staged copies)."""
+    thread per lane enqueues its jobs, so the caller's thread never pays for enqueueing
+    (a driver call per page for DMA), and one lane's enqueueing never holds up
+    another's. Jobs resolve (``resolve``) one at a time in submission order, whichever
+    lane's thread runs them; a job that waits for another lane's job waits on the host
+    until that one is enqueued, then on its stream for its end."""
 
     def __init__(self, torch, device, lanes: list[str]):
         advice = connections_advice(os.environ)
@@ -80,12 +85,16 @@ class CudaLanes:
         self._streams = {lane: tuple(torch.cuda.Stream(device, priority=-1 if lane == "expedited" else 0)
                                      for _ in range(2)) for lane in lanes}
         self._events = []  # (ready, start, end) to reuse
-        self._last = None  # the job submitted last
-        self._queue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._enqueue_jobs, args=(self._queue,),
-                                        name="kvoffload enqueue", daemon=True)
-        self._thread.start()
-        weakref.finalize(self, self._queue.put, None)  # a lane set never closed ends its thread
+        self._last = {}  # per lane, the job started last
+        self._turns = _Turns()
+        self._queues = {lane: queue.SimpleQueue() for lane in lanes}
+        self._threads = [threading.Thread(target=self._enqueue_jobs, args=(q, self._turns),
+                                          name=f"kvoffload enqueue {lane}", daemon=True)
+                         for lane, q in self._queues.items()]
+        for thread in self._threads:
+            thread.start()
+        for q in self._queues.values():  # a lane set never closed ends its threads
+            weakref.finalize(self, q.put, None)
 
     def submit(self, lane, copy, waits, failing_with=(), pipelined=False, resolve=None):
         handle = self.make(lane, copy, waits, failing_with, pipelined, resolve)
@@ -107,19 +116,22 @@ class CudaLanes:
     def start(self, handle) -> None:
         """Queues the job; starting it again is harmless (it runs once)."""
         item = handle.item  # None once the enqueue thread took it: never queue the stop signal
-        if item is not None:
-            self._queue.put(item)
-        self._last = handle
+        if item is None:
+            return
+        # An interrupt between the two leaves the job started again at once, by the handler,
+        # before any other: its turn then comes up twice in a row, and its item twice.
+        self._turns.add(handle)
+        self._queues[item[1]].put(item)
+        self._last[item[1]] = handle
 
     @staticmethod
-    def _enqueue_jobs(jobs: queue.SimpleQueue) -> None:
-        tails = {}  # per lane, (stream index, pipelined, job) of the last job enqueued
+    def _enqueue_jobs(jobs: queue.SimpleQueue, turns: "_Turns") -> None:
+        index, tail_pipelined, before = 0, False, None  # the lane's job enqueued last
         while (item := jobs.get()) is not None:
             job, lane, streams, copy, waits, pipelined, resolve = item
             if job.item is None:
                 continue  # started twice
             job.item = None
-            index, tail_pipelined, before = tails.get(lane, (0, False, None))
             after = None  # a job on the other stream still ends after the one before it
             if pipelined and tail_pipelined:
                 index, after = 1 - index, before
@@ -130,19 +142,25 @@ class CudaLanes:
                     job.timed_from = before
                 else:  # done and collected: its events may be another job's by now
                     before.held_by = after = None
-            tails[lane] = (index, pipelined, job)
+            tail_pipelined, before = pipelined, job
             stream = streams[index]
             try:
-                if resolve is not None:
-                    try:
-                        more_waits, more_failing = resolve(job)
-                        waits, job.failing_with = waits + more_waits, job.failing_with + more_failing
-                    except Exception as e:  # noqa: BLE001 - reported as the job's failure
-                        job.error = f"{type(e).__name__}: {e}"
+                with turns.of(job):
+                    if resolve is not None:
+                        try:
+                            more_waits, more_failing = resolve(job)
+                            waits, job.failing_with = waits + more_waits, job.failing_with + more_failing
+                        except Exception as e:  # noqa: BLE001 - reported as the job's failure
+                            job.error = f"{type(e).__name__}: {e}"
                 stream.wait_event(job.ready)
-                for other in waits:  # enqueued before this one, by this thread
-                    if other.recorded:
+                for other in waits:  # started before this one, on any lane's thread
+                    with other.queued:
+                        recorded = other.recorded
+                    if recorded:
                         stream.wait_event(other.end)
+                for other in job.failing_with:  # an error is known once the job is enqueued
+                    with other.queued:
+                        pass
                 failed = [other.error for other in job.failing_with if other.error is not None]
                 job.start.record(stream)
                 try:
@@ -212,21 +230,47 @@ class CudaLanes:
     def fence(self, stream) -> None:
         """``stream`` waits for every job submitted so far (the host waits until they are
         enqueued)."""
-        if self._last is not None:
-            with self._last.queued:
+        for last in list(self._last.values()):
+            with last.queued:
                 pass
         for streams in self._streams.values():
             for lane in streams:
                 stream.wait_stream(lane)
 
     def close(self) -> None:
-        """Enqueues what was started, ends the thread and waits for the streams. Idempotent."""
-        self._queue.put(None)
-        if threading.current_thread() is not self._thread:
-            self._thread.join()
+        """Enqueues what was started, ends the threads and waits for the streams. Idempotent."""
+        for q in self._queues.values():
+            q.put(None)
+        for thread in self._threads:
+            if threading.current_thread() is not thread:
+                thread.join()
         for streams in self._streams.values():
             for stream in streams:
                 stream.synchronize()
+
+
+class _Turns:
+    """Jobs take turns in the order they were started (``add``): ``of(job)`` waits until
+    every job started before it has had its turn, and ends the job's turn when left."""
+
+    def __init__(self):
+        self._order = collections.deque()
+        self._changed = threading.Condition()
+
+    def add(self, job) -> None:
+        self._order.append(job)  # twice only when started again at once: of() drops both
+
+    @contextlib.contextmanager
+    def of(self, job):
+        with self._changed:
+            self._changed.wait_for(lambda: self._order[0] is job)
+        try:
+            yield
+        finally:
+            with self._changed:
+                while self._order and self._order[0] is job:
+                    self._order.popleft()
+                self._changed.notify_all()
 
 
 class _HostJob:
