@@ -5,8 +5,10 @@ caches, alone and beside a model (kvoffload.meter), with bulk copies as the refe
 
 Per layout (vLLM's CanonicalKVCaches, blocks_per_chunk 1), every source is kept in
 flight, two jobs per direction: bulk copies, vLLM's worker (bench/vllm_peer.py), and
-kvoffload's worker with each page path forced (pages_staged, pages_dma). ``chosen`` is the
-path kvoffload's default ("pages") takes for that layout and direction. Without a GPU it
+kvoffload's worker with each page path forced (pages_staged, pages_dma), and ``region``:
+kvoffload's worker with its default path on vLLM's SharedOffloadRegion as its pool (as
+KVOffloadTieringSpec makes it). ``chosen`` is the path kvoffload's default ("pages")
+takes for that layout and direction. Without a GPU it
 runs kvoffload's host path on a small cache and says so.
 """
 
@@ -28,6 +30,9 @@ flags.DEFINE_list("directions", list(DIRECTIONS), "store, load, both.")
 flags.DEFINE_integer("steps", None, "Counted steps a window (default: kvoffload.meter's).")
 flags.DEFINE_integer("rounds", meter.ROUNDS, "Busy windows per source.")
 flags.DEFINE_float("alone_seconds", 1.0, "Seconds each source runs alone.")
+flags.DEFINE_integer("dropped_handlers", 0, "kvoffload workers made, used and shut down in this "
+                     "process before each layout's measured ones (a server that has restarted its "
+                     "offloading).")
 flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the workspace).")
 
 KIB = 1024
@@ -71,6 +76,29 @@ def layout_jobs(rng, groups, n, blocks):
             "both": both}
 
 
+def region_worker(cache, rows, groups, blocks):
+    """kvoffload's worker on a SharedOffloadRegion of ``blocks`` chunks, as vLLM's tiering
+    makes it (an fs tier on a temporary folder, never reached by the bench's jobs)."""
+    import tempfile
+
+    from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig, OffloadingGroupConfig,
+                                           OffloadingModelConfig, OffloadingParallelConfig)
+
+    from kvoffload.vllm import KVOffloadTieringSpec
+    parallel = OffloadingParallelConfig(
+        rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1, data_parallel_index=0,
+        data_parallel_size=1, data_parallel_rank_local=None, is_parallelism_agnostic=False)
+    extra = {"spec_name": "KVOffloadTieringSpec", "spec_module_path": "kvoffload.vllm",
+             "cpu_bytes_to_use": blocks * sum(rows),
+             "secondary_tiers": [{"type": "fs", "root_dir": tempfile.mkdtemp(prefix="kvoffload-bench-")}]}
+    config = OffloadingConfig(
+        groups=tuple(OffloadingGroupConfig(16, (f"layer.{g}",), g) for g in range(groups)),
+        worker_kv_bytes_per_block=sum(rows), enable_kv_cache_events=False, extra_config=extra,
+        engine_id=f"kvoffload-bench-{os.getpid()}", model=OffloadingModelConfig("model", "int8"),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1), parallel=parallel)
+    return KVOffloadTieringSpec(config).get_worker(cache)
+
+
 def main(argv):
     del argv
     import torch
@@ -95,17 +123,26 @@ def main(argv):
             n, blocks = 8, 64
         cache = vllm_cache(torch, row_bytes, refs, blocks, "cuda" if gpu else "cpu")
         groups = len(refs)
+        specs = layout_jobs(rng, groups, n, blocks)
+        for _ in range(FLAGS.dropped_handlers):
+            dropped = KVOffloadWorker(cache, 1, blocks)
+            for d in ("store", "load"):
+                copies = WorkerCopies(dropped, specs[d], d)
+                copies.top_up()
+                copies.drain()
+            dropped.shutdown()
         workers = {}
         for method in FLAGS.methods if gpu else ["host"]:
             if method == "vllm_worker":
                 workers[method] = peer(cache, 1, blocks)
+            elif method == "region":
+                workers[method] = region_worker(cache, row_bytes, groups, blocks)
             else:
                 workers[method] = KVOffloadWorker(cache, 1, blocks, **({"method": method} if gpu else {}))
         default = KVOffloadWorker(cache, 1, blocks) if gpu else None
         chosen = default.handler.methods if gpu else {"store": "host", "load": "host"}
         if default is not None:
             default.shutdown()
-        specs = layout_jobs(rng, groups, n, blocks)
         page_bytes = [page for group in refs for _, page in group]
         job_bytes = n * sum(page_bytes)
         sources = {}
@@ -116,7 +153,8 @@ def main(argv):
             for method, worker in workers.items():
                 sources[(method, direction)] = lambda w=worker, d=direction: WorkerCopies(w, specs[d], d)
         base = dict(layout=layout, tensors=len(row_bytes), page_bytes=max(page_bytes), groups=groups,
-                    blocks_per_job=n, job_mib=job_bytes / 2**20, connections=connections, process=process)
+                    blocks_per_job=n, job_mib=job_bytes / 2**20, connections=connections, process=process,
+                    dropped_handlers=FLAGS.dropped_handlers)
         alone = {key: meter.alone(make(), FLAGS.alone_seconds) for key, make in sources.items()}
         for (method, direction), rate in alone.items():
             print(f"{layout:<12} {method:<13} {direction:<6} alone {rate:6.1f} GB/s")
