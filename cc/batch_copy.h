@@ -11,10 +11,8 @@
 namespace kvoffload {
 
 // The driver's CPU time per copy inside cuMemcpyBatchAsync grows with the copies in one
-// call. On the H200 (driver 580.159, both sides scattered, bench/results/
-// batch_copy_calls_h200.json) calls of 256 were the fastest or within noise of it at
-// 4-64 KiB both ways: 16 KiB host-to-device copies moved 32-34 GB/s in calls of 256,
-// 24-26 in calls of 1,024 and 4-6 in one call of 16,384.
+// call: calls of 256 were the fastest, or within noise of it, at 4-64 KiB both ways
+// (docs/studies.md#batch-call-size).
 constexpr int64_t kCopiesPerDriverCall = 256;
 
 struct BatchCopyOptions {

@@ -10,10 +10,8 @@ namespace kvoffload {
 // The most bytes one madvise(MADV_POPULATE_WRITE) call faults in. The call holds the
 // process's mmap lock for reading throughout, and an mmap, munmap or thread start
 // anywhere in the process waits for the lock (and, once one waits, so does every new
-// reader). On the H200 host (16 threads, 16 GiB, THP), an mmap beside first touch
-// waited at most 26-37 ms with 16 MiB slices, 85-88 ms with 64 MiB, 415-420 ms with the
-// 1 GiB a thread had before; and first touch alone ran at 50-52 GB/s with 16 MiB slices
-// (30-33 GB/s with 4 KiB pages), against 8.3-9.2 (3.9-4.9) with one call a thread.
+// reader). Small slices bound that wait and were also faster alone
+// (docs/studies.md#pinning-the-pool).
 constexpr int64_t kPopulateSliceBytes = int64_t{16} << 20;
 
 // Faults in every page of [address, address + bytes) for writing, without changing what

@@ -49,13 +49,13 @@ class PoolOptions:
     """
 
     shm_name: str | None = None
-    huge_pages: str = "auto"  # 40 GiB on the H200 host: 2.9 s with THP, 6.2-9.7 s without
+    huge_pages: str = "auto"  # THP pins about twice as fast (docs/studies.md#pinning-the-pool)
     background: bool = False
     wait_for_pinning: bool = False
     threads: int | None = None
     numa_node: int | None = None
     piece_bytes: int = 4 << 30
-    register_threads: int = 4  # 40 GiB on the H200 host: 7.2 s with 4, 10.1 s with 1
+    register_threads: int = 4  # faster than 1, as fast as 16 (docs/studies.md#pinning-the-pool)
     progress_bytes: int = 8 << 30
 
     def __post_init__(self):

@@ -39,8 +39,8 @@ def connections_advice(environ) -> str | None:
         return None
     now = f"is {value!r}" if value else "is not set (CUDA's default: 8 hardware queues)"
     return (f"CUDA_DEVICE_MAX_CONNECTIONS {now}: kvoffload's streams then share the driver's "
-            f"hardware queues, which on an H200 slowed stores by 6% and stores and loads at once "
-            f"by 12% in most processes. Set CUDA_DEVICE_MAX_CONNECTIONS={CONNECTIONS} in the "
+            f"hardware queues, which slows stores, and stores and loads at once, in most processes "
+            f"(docs/studies.md#hardware-queues). Set CUDA_DEVICE_MAX_CONNECTIONS={CONNECTIONS} in the "
             f"environment before the process starts CUDA, unless a lower value is wanted for "
             f"something else (then filter this RuntimeWarning).")
 
