@@ -9,6 +9,7 @@ import torch
 import kvoffload as kv
 from kvoffload import auto, calibration, copy_methods
 from scatter import POISON
+from calibrated import quick_calibration  # noqa: F401 - autouse
 
 POOL = 64 << 20
 
@@ -21,9 +22,7 @@ def require_gpu():
 def test_calibration_is_measured_on_its_device_once_cached_and_keyed(tmp_path, monkeypatch):
     path = tmp_path / "calibration.json"
     monkeypatch.setenv("KVOFFLOAD_CALIBRATION", str(path))
-    monkeypatch.setattr(calibration, "_cached", {})
-    real = calibration.measure
-    monkeypatch.setattr(calibration, "measure", lambda d: real(d, moved=64 << 20, pool=256 << 20, steps=20, rounds=1, margin=6))
+    monkeypatch.setattr(calibration, "_cached", {})  # measured on short windows (quick_calibration)
     device = torch.cuda.device_count() - 1
     cal = calibration.calibration(device)
     entry = json.loads(path.read_text())[calibration.device_key(device)]

@@ -17,6 +17,7 @@ from kv_model import (a_failure_mid_job_fails_that_job_only, copy_half_then_fail
                       multi_group_with_an_empty_and_an_unaligned_group, pool_views, soak,
                       store_then_load_skipping_first_blocks)
 from scale import scaled
+from calibrated import quick_calibration  # noqa: F401 - autouse
 
 SLEEP_CYCLES = 200_000  # keeps the compute stream busy for ~0.1 ms
 

@@ -17,6 +17,7 @@ from kvoffload.host_pool import HostPool, PoolOptions
 from kvoffload.planner import CPUSpec, GPUSpec
 from kv_model import check, make_handler
 from proc_maps import mapping
+from calibrated import quick_calibration  # noqa: F401 - autouse
 
 MiB = 1 << 20
 

@@ -16,6 +16,7 @@ from kvoffload.handler import OffloadHandler
 from kv_model import make_handler, soak
 from scatter import POISON
 from scale import scaled
+from calibrated import quick_calibration  # noqa: F401 - autouse
 
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")

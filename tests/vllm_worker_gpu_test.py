@@ -15,6 +15,7 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 from kvoffload import _C
 from kvoffload.vllm import KVOffloadWorker
+from calibrated import quick_calibration  # noqa: F401 - autouse
 
 SLEEP_CYCLES = 2_000_000  # about 1 ms of GPU time queued before each write
 
