@@ -25,12 +25,15 @@ try:
     import kvoffload  # noqa: F401
 except ImportError:  # run as bench/host_pool.py from a GPU bundle (tools/stage_gpu_bundle.sh)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from kvoffload.host_pool import PoolOptions  # noqa: E402 - after the path above
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("gib", ["20", "40"], "Pool sizes, GiB.")
 flags.DEFINE_list("ways", ["torch", "vllm", "kvoffload"], "Ways to measure.")
-flags.DEFINE_list("register_threads", ["1"], "kvoffload's PoolOptions.register_threads to measure.")
-flags.DEFINE_list("huge_pages", ["off"], "kvoffload's PoolOptions.huge_pages to measure.")
+flags.DEFINE_list("register_threads", [str(PoolOptions.register_threads)],
+                  "kvoffload's PoolOptions.register_threads to measure (default: its default).")
+flags.DEFINE_list("huge_pages", [PoolOptions.huge_pages], "kvoffload's PoolOptions.huge_pages to measure "
+                  "(default: its default).")
 flags.DEFINE_float("piece_gib", None, "kvoffload's PoolOptions.piece_bytes, GiB (default: its own).")
 flags.DEFINE_float("copy_gib", 1.0, "GiB copied host-to-device from each end of the pool.")
 flags.DEFINE_string("out", None, "Write the results as JSON here (relative to the workspace); "

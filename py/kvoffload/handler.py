@@ -281,7 +281,7 @@ class OffloadHandler:
         self._parts = ChunkParts.of(self.layout)
         self._gpu_offset, self._cpu_offset, gpu_keys, cpu_keys = key_offsets(self.layout, self._parts)
         # Which jobs each job waits for. Page jobs (which need no copy order) find them on
-        # the lanes' enqueue thread; other jobs here.
+        # the lanes' enqueue threads; other jobs here.
         self._conflicts = LaneConflicts(gpu_keys, cpu_keys, self._lanes.done)
         self._accesses = LaneAccesses(gpu_keys, cpu_keys)  # the last store of each CPU part, for failures
         self._unstarted: _Job | None = None  # see _start_unstarted
