@@ -318,6 +318,13 @@ class _OrderedEvent(_Event):
         self.op = stream.op()
 
 
+def _ordered_torch():
+    """A fake torch whose streams and events record what follows what."""
+    compute = _OrderedStream()
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Event=_OrderedEvent, Stream=_OrderedStream, current_stream=lambda device=None: compute))
+
+
 @pytest.mark.parametrize("second", ["fails to enqueue", "reads partial bytes", "copies"])
 def test_a_pipelined_job_ends_after_the_one_before_it_even_if_it_copies_nothing(second):
     # Another lane waits only for a lane's latest job: that job's end must follow every
@@ -351,10 +358,7 @@ def test_a_pipelined_job_ends_after_the_one_before_it_even_if_it_copies_nothing(
 
 
 def test_cuda_lanes_resolve_each_job_on_its_lanes_thread_in_submission_order():
-    compute = _OrderedStream()
-    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
-        Event=_OrderedEvent, Stream=_OrderedStream, current_stream=lambda device=None: compute))
-    lanes = CudaLanes(torch, 0, LANES)
+    lanes = CudaLanes(_ordered_torch(), 0, LANES)
     rng = np.random.default_rng(3)
     resolved, copied, handles = [], {}, []
 
@@ -543,10 +547,7 @@ def test_one_lanes_enqueueing_does_not_hold_up_another_lanes():
 
 
 def test_a_job_waiting_for_another_lanes_job_waits_until_that_one_is_enqueued():
-    compute = _OrderedStream()
-    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
-        Event=_OrderedEvent, Stream=_OrderedStream, current_stream=lambda device=None: compute))
-    lanes = CudaLanes(torch, 0, LANES)
+    lanes = CudaLanes(_ordered_torch(), 0, LANES)
     release, copied = threading.Event(), {}
 
     def store(stream):
