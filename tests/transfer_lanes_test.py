@@ -563,3 +563,72 @@ def test_a_job_waiting_for_another_lanes_job_waits_until_that_one_is_enqueued():
         lanes.wait(handle)
     assert copied["load"].follows(copied["store"])
     lanes.close()
+
+
+def test_a_job_started_again_after_its_turn_takes_no_second_turn():
+    # The handler starts a job again after an interrupt; that start can read the job as
+    # not yet taken, then add its turn only after the lane's thread ended it.
+    lanes = CudaLanes(_FAKE_TORCH, 0, LANES)
+    job = lanes.make("store", lambda stream: None, [])
+    lanes.start(job)
+    item = job.item
+    within(lambda: lanes.wait(job))
+    lanes._turns.add(job)  # what the late second start adds, and queues
+    lanes._queues["store"].put(item)
+    later = lanes.submit("load", lambda stream: None, [])
+    within(lambda: lanes.wait(later))
+    lanes.close()
+
+
+def test_fence_waits_for_a_job_whose_start_was_interrupted_after_it_was_queued():
+    lanes = CudaLanes(_FAKE_TORCH, 0, LANES)
+    release = threading.Event()
+    job = lanes.make("store", lambda stream: release.wait(TIMEOUT), [])
+    queued = lanes._queues["store"]
+
+    class Interrupted:
+        def put(self, item):
+            queued.put(item)
+            raise KeyboardInterrupt
+
+    lanes._queues["store"] = Interrupted()
+    with pytest.raises(KeyboardInterrupt):
+        lanes.start(job)
+    lanes._queues["store"] = queued
+    time.sleep(0.05)  # the lane's thread takes it
+    lanes.start(job)  # the handler's next call starts it again
+    fenced = threading.Event()
+    fencing = threading.Thread(target=lambda: (lanes.fence(_FAKE_TORCH.cuda.current_stream()), fenced.set()))
+    fencing.start()
+    assert not fenced.wait(0.1), "fence returned before the job was enqueued"
+    release.set()
+    assert fenced.wait(TIMEOUT)
+    lanes.close()
+
+
+def test_close_from_a_lanes_own_thread_does_not_wait_for_the_others():
+    # A handler's finalizer can run on a lane's thread, mid-copy, while another lane's
+    # job waits for that copy's job.
+    lanes = CudaLanes(_FAKE_TORCH, 0, LANES)
+    store = lanes.submit("store", lambda stream: lanes.close(), [])
+    load = lanes.submit("load", lambda stream: None, [store])
+    within(lambda: lanes.wait(load))
+    assert store.error is None and load.error is None
+
+
+def test_a_wait_for_a_recycled_job_does_not_follow_the_job_given_its_events():
+    lanes = CudaLanes(_ordered_torch(), 0, LANES)
+    go, ops = threading.Event(), {}
+    done = lanes.submit("expedited", lambda stream: None, [])
+    lanes.wait(done)
+    slow = lanes.submit("store", lambda stream: go.wait(TIMEOUT), [])
+    waiting = lanes.submit("load", lambda stream: ops.__setitem__("waiting", stream.op()), [slow, done])
+    assert lanes.done(done)
+    lanes.finish(done)  # collected: its events go back to the pool
+    later = lanes.submit("expedited", lambda stream: ops.__setitem__("later", stream.op()), [])
+    assert later.end is done.end
+    lanes.wait(later)
+    go.set()
+    lanes.wait(waiting)
+    assert not ops["waiting"].follows(ops["later"])
+    lanes.close()

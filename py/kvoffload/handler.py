@@ -465,7 +465,7 @@ class OffloadHandler:
     def _record(self, job: _Job) -> None:
         """Notes a job about to start, where later jobs will look for it (idempotent)."""
         self._accesses.record(job.lane, job.keys, job.seq)
-        if self._pages is None:  # else its resolve adds it, on the enqueue thread
+        if self._pages is None:  # else its resolve adds it, on its lane's enqueue thread
             self._conflicts.add(job.lane, job.seq, job.writes_cpu, job.keys, job.handle)
 
     def get_finished(self) -> list[TransferResult]:

@@ -58,6 +58,7 @@ class _CudaJob:
         self.held_events = []  # events of jobs before it, returned with its own
         self.queued = threading.Lock()  # held until the job is enqueued or has failed
         self.queued.acquire()
+        self.turn_over = False  # it found its conflicts (_Turns)
 
 
 class CudaLanes:
@@ -110,19 +111,20 @@ class CudaLanes:
             torch.cuda.Event(), torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
         events[0].record(torch.cuda.current_stream(self._device))
         job = _CudaJob(*events, list(failing_with))
+        job.lane = lane
         job.item = (job, lane, self._streams[lane], copy, list(waits), pipelined, resolve)
         return job
 
     def start(self, handle) -> None:
         """Queues the job; starting it again is harmless (it runs once)."""
+        self._last[handle.lane] = handle
         item = handle.item  # None once the enqueue thread took it: never queue the stop signal
         if item is None:
             return
-        # An interrupt between the two leaves the job started again at once, by the handler,
-        # before any other: its turn then comes up twice in a row, and its item twice.
+        # Started again after an interrupt, the job is queued twice at most, and its
+        # thread takes it once (see _enqueue_jobs); its turn is added once.
         self._turns.add(handle)
-        self._queues[item[1]].put(item)
-        self._last[item[1]] = handle
+        self._queues[handle.lane].put(item)
 
     @staticmethod
     def _enqueue_jobs(jobs: queue.SimpleQueue, turns: "_Turns") -> None:
@@ -156,7 +158,8 @@ class CudaLanes:
                 for other in waits:  # started before this one, on any lane's thread
                     with other.queued:
                         recorded = other.recorded
-                    if recorded:
+                    # A recycled job is done, and its events may be a later job's by now.
+                    if recorded and not other.recycled:
                         stream.wait_event(other.end)
                 for other in job.failing_with:  # an error is known once the job is enqueued
                     with other.queued:
@@ -238,12 +241,15 @@ class CudaLanes:
                 stream.wait_stream(lane)
 
     def close(self) -> None:
-        """Enqueues what was started, ends the threads and waits for the streams. Idempotent."""
+        """Enqueues what was started, ends the threads and waits for the streams. Idempotent.
+        From a lane's own thread (a finalizer run there), only asks the threads to end:
+        joining another lane's thread could wait on a job this thread is enqueueing."""
         for q in self._queues.values():
             q.put(None)
+        if threading.current_thread() in self._threads:
+            return
         for thread in self._threads:
-            if threading.current_thread() is not thread:
-                thread.join()
+            thread.join()
         for streams in self._streams.values():
             for stream in streams:
                 stream.synchronize()
@@ -258,18 +264,22 @@ class _Turns:
         self._changed = threading.Condition()
 
     def add(self, job) -> None:
-        self._order.append(job)  # twice only when started again at once: of() drops both
+        """Once per job: again (a start after an interrupt) is a no-op, also after its
+        turn is over."""
+        with self._changed:
+            if not job.turn_over and not (self._order and self._order[-1] is job):
+                self._order.append(job)
 
     @contextlib.contextmanager
     def of(self, job):
         with self._changed:
-            self._changed.wait_for(lambda: self._order[0] is job)
+            self._changed.wait_for(lambda: self._order and self._order[0] is job)
         try:
             yield
         finally:
             with self._changed:
-                while self._order and self._order[0] is job:
-                    self._order.popleft()
+                self._order.popleft()
+                job.turn_over = True
                 self._changed.notify_all()
 
 
