@@ -20,13 +20,17 @@ rm -rf vllm_bundle && mkdir -p vllm_bundle/vllm_light/pins vllm_bundle/wheel
 (cd "$site" && find vllm -name '*.py' && ls vllm-*.dist-info/METADATA) > vllm_bundle/files
 tar -C "$site" -cf - -T vllm_bundle/files | tar -C vllm_bundle/vllm_light -xf - --transform 's,^,site/,'
 cp third_party/vllm/pins/typing_extensions.py vllm_bundle/vllm_light/pins/
-for pin in msgspec pyzmq; do
+# vllm.config (which KVOffloadTieringSpec's imports reach) needs pydantic, which the GPU
+# image lacks; these are the versions CI's environment tests the tiering spec with.
+for pin in "$(grep "^msgspec==" third_party/vllm/requirements.txt)" \
+           "$(grep "^pyzmq==" third_party/vllm/requirements.txt)" \
+           pydantic==2.13.4 pydantic_core==2.46.4 annotated_types==0.7.0 typing_inspection==0.4.2; do
   "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-    "$(grep "^$pin==" third_party/vllm/requirements.txt)" -d vllm_bundle/wheel
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_27_x86_64 \
+    "$pin" -d vllm_bundle/wheel
 done
 for wheel in vllm_bundle/wheel/*.whl; do "$python" -m zipfile -e "$wheel" vllm_bundle/vllm_light/pins; done
-echo "light bundle: vLLM's Python sources and the pins its worker imports; not those of vllm.config" > vllm_bundle/vllm_light/LIGHT
+echo "light bundle: vLLM's Python sources and the pins its worker and vllm.config import" > vllm_bundle/vllm_light/LIGHT
 tar -C vllm_bundle -cJf vllm_bundle/vllm_light.tar.xz vllm_light
 cp third_party/vllm/vllm_env.py vllm_bundle/
 rm -rf vllm_bundle/vllm_light vllm_bundle/wheel vllm_bundle/files
