@@ -27,7 +27,7 @@ from absl import app, flags
 import kvoffload as kv
 from kvoffload import auto, compute_loop, copy_methods, meter, page_methods
 from kvoffload.page_table import PageTable
-from kvoffload.steady_copies import BulkCopies, RawCopies
+from kvoffload.steady_copies import PIECE_SECONDS, BulkCopies, RawCopies, in_pieces
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("block_kib", ["4", "16", "64", "256", "1024", "2048"], "Block sizes in KiB.")
@@ -145,19 +145,6 @@ class PageJobs:
                                slots=FLAGS.page_slots)
 
 
-def back_to_back(torch, stream, copies, passes):
-    """Seconds on the stream for `passes` rounds of copies (callables) enqueued without a sync."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record(stream)
-    for _ in range(passes):
-        for copy in copies:
-            copy()
-    end.record(stream)
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3
-
-
 def measure_gpu(rng, rows, machine):
     """Appends every measured row to ``rows`` as it is measured."""
     import torch
@@ -180,15 +167,20 @@ def measure_gpu(rng, rows, machine):
 
     beside = {}  # source name -> (row, make the source)
 
-    def measure(row, copies, kib, stream):
+    def measure(row, copies, kib, stream, batch=None):
         """Fills in row's rate alone and, at the interference sizes, names its source for
-        the meter."""
+        the meter: ``batch`` (copy, src, dst, sizes) in pieces of PIECE_SECONDS alone, else
+        the copies whole."""
         best, host = min(time_gpu(torch, stream, lambda: [c() for c in copies])
                          for _ in range(FLAGS.repeats))
         rows.append(dict(row, seconds=best, submit_seconds=host))
         if kib in FLAGS.interference_kib and row["method"] in FLAGS.interference_methods:
-            make = functools.partial(RawCopies, torch, lambda: [c() for c in copies], moved * len(copies), stream)
-            beside[f"{row['method']} {row['direction']} {kib}"] = (dict(row, seconds=best), make)
+            block = int(kib) << 10
+            piece = max(block, int(moved / best * PIECE_SECONDS) // block * block)
+            pieces = (in_pieces(*batch, piece) if batch is not None
+                      else [(lambda: [c() for c in copies], moved * len(copies))])
+            beside[f"{row['method']} {row['direction']} {kib}"] = (
+                dict(row, seconds=best), functools.partial(RawCopies, torch, pieces, stream))
 
     for direction in FLAGS.directions:
         stream = streams[direction]
@@ -222,7 +214,7 @@ def measure_gpu(rng, rows, machine):
                 if not method.startswith("pages_"):
                     run = functools.partial(_with_stream, methods[method], stream)
                     copy = functools.partial(run, s, d, sizes)
-                measure(row, [copy], kib, stream)
+                measure(row, [copy], kib, stream, None if method.startswith("pages_") else (run, s, d, sizes))
         if FLAGS.both and len(jobs) == 2:
             # Stores and loads at once, on disjoint blocks (two halves of a fresh job).
             job = pages.job(rng, count)
@@ -237,8 +229,9 @@ def measure_gpu(rng, rows, machine):
                                  seconds=seconds * moved / (half * block)))
     for workload, loop in loops.items():
         sources = {name: make for name, (_, make) in beside.items()}
-        for direction in FLAGS.directions:
-            sources[f"bulk {direction}"] = functools.partial(BulkCopies, torch, direction, moved)
+        for direction in FLAGS.directions:  # made once: its pinned buffers are not allocated in a window
+            bulk = BulkCopies(torch, direction, moved)
+            sources[f"bulk {direction}"] = lambda b=bulk: b
         got = meter.measure(loop, sources)
         for name, (row, _) in beside.items():
             r, bulk = got[name], got[f"bulk {row['direction']}"]
@@ -425,7 +418,7 @@ def main(argv):
                       pattern=FLAGS.pattern, run_kib=FLAGS.run_kib, kernel_ctas=FLAGS.kernel_ctas,
                       staged_ctas=FLAGS.staged_ctas, slot_mib=FLAGS.slot_mib, slots=FLAGS.slots,
                       page_ctas=FLAGS.page_ctas, page_slot_mib=FLAGS.page_slot_mib,
-                      page_slots=FLAGS.page_slots, passes=FLAGS.passes,
+                      page_slots=FLAGS.page_slots,
                       interference=FLAGS.interference, ctas=FLAGS.ctas)
         with open(out + ".partial", "w") as f:  # a second signal leaves the last file whole
             json.dump(dict(date=datetime.date.today().isoformat(), machine=machine, config=config,

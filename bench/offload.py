@@ -269,7 +269,9 @@ def main(argv):
                 alone[direction] = rows[-1]
             sources = {d: functools.partial(WorkerCopies, HandlerAsWorker(handler), {d: specs}, d)
                        for d in ("store", "load")}
-            sources.update({f"bulk {d}": functools.partial(BulkCopies, torch, d) for d in ("store", "load")})
+            # Made once: their pinned buffers are not allocated inside a window.
+            bulks = {d: BulkCopies(torch, d) for d in ("store", "load")} if loops else {}
+            sources.update({f"bulk {d}": lambda b=b: b for d, b in bulks.items()})
             for workload, loop in loops.items():
                 got = meter.measure(loop, sources)
                 for direction, row in alone.items():

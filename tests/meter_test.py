@@ -129,3 +129,18 @@ def test_bad_arguments_are_named(bad, match):
     args = dict(steps=10, rounds=1, margin=4) | bad
     with pytest.raises((ValueError, TypeError), match=match):
         meter.measure(FakeLoop(), {"a": lambda: None}, **args)
+
+
+def test_a_source_that_drains_into_the_next_idle_window_leaves_the_next_busy_one_uncovered():
+    # The late drain runs in the idle window that is the next source's baseline.
+    loop = FakeLoop()
+
+    class SlowDrain(Source):
+        def drain(self):
+            time.sleep(30 * STEP)  # past the margin, into the idle window after
+            return super().drain()
+
+    got = meter.measure(loop, {"late": lambda: SlowDrain(loop.gpu, True),
+                               "next": lambda: Source(loop.gpu, False)}, steps=40, rounds=1, margin=8)
+    assert not got["late"].windows[0]["covered"]
+    assert not got["next"].windows[0]["covered"] and got["next"].noisy

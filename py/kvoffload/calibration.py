@@ -137,7 +137,7 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
     import torch
 
     from kvoffload import compute_loop, meter
-    from kvoffload.steady_copies import RawCopies
+    from kvoffload.steady_copies import PIECE_SECONDS, RawCopies, in_pieces
 
     with torch.cuda.device(device):
         rng = np.random.default_rng(0)
@@ -145,15 +145,19 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
         gpu = torch.empty(pool, dtype=torch.uint8, device=device)
         stream = torch.cuda.Stream(device)
 
-        def copy(method, direction, block, pattern):
+        def run(method, direction):
+            # Addresses made below inside its own buffers.
+            return functools.partial(CANDIDATES[method], stream=stream, direction=direction, registry=UNCHECKED)
+
+        def batch(direction, block, pattern):
+            """(src, dst, sizes) of ``moved`` bytes of block copies."""
             n = moved // block
             g = _offsets(rng, pool, block, n, "scattered") + gpu.data_ptr()
             h = _offsets(rng, pool, block, n, pattern) + host.data_ptr()
-            s, d = direction.ends(h, g)
-            sizes = np.full(n, block, dtype=np.int64)
-            # Addresses made above inside its own buffers.
-            return functools.partial(CANDIDATES[method], s, d, sizes, stream=stream, direction=direction,
-                                     registry=UNCHECKED)
+            return (*direction.ends(h, g), np.full(n, block, dtype=np.int64))
+
+        def copy(method, direction, block, pattern):
+            return functools.partial(run(method, direction), *batch(direction, block, pattern))
 
         def seconds(copy):
             torch.cuda.synchronize()
@@ -174,7 +178,10 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
 
             def source(method, direction, block):
                 pattern = "host_runs" if CANDIDATES[method].name == "staged" else "scattered"
-                return lambda: RawCopies(torch, copy(method, direction, block, pattern), moved, stream)
+                rate = cal.rates[f"{method} {_KEY[direction]} {pattern}"][SIZES.index(block)]
+                piece = max(block, int(rate * 1e9 * PIECE_SECONDS) // block * block)
+                pieces = in_pieces(run(method, direction), *batch(direction, block, pattern), piece)
+                return lambda: RawCopies(torch, pieces, stream)
 
             points = [(m, d, b) for d in Direction for m in CANDIDATES for b in BESIDE_SIZES]
             got = meter.measure(loop, {point: source(*point) for point in points}, **windows)

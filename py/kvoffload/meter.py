@@ -218,8 +218,10 @@ def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = 
         # not covered.
         seconds, moved, drained_at, started_at = spans.get(p, (1.0, 0, total + 1, total))
         # The copies ran from before the window's first step until they drained, which
-        # must come before the next idle window.
-        covered = started_at + 1 <= window_starts[p] and drained_at <= window_starts[p + 1]
+        # must come before the next idle window; and the idle window before this one was
+        # idle: the copies of the busy window before it had drained by then.
+        before_drained = p < 2 or spans.get(p - 2, (0, 0, total + 1, 0))[2] <= window_starts[p - 1]
+        covered = started_at + 1 <= window_starts[p] and drained_at <= window_starts[p + 1] and before_drained
         before, after = means[p - 1], means[p + 1]
         dry = len(stream.dry & set(range(window_starts[p] - 1, window_starts[p] + steps)))
         results[name].append(dict(step_slowdown=means[p] / ((before + after) / 2) - 1,

@@ -5,7 +5,10 @@ or vLLM's own, or an OffloadHandler's)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+
+import numpy as np
 
 from kvoffload.planner import _require_int
 
@@ -58,31 +61,49 @@ class BulkCopies:
         return moved
 
 
-class RawCopies:
-    """``copy()`` (a call that enqueues ``job_bytes`` of copies on ``stream``) kept ``depth``
-    calls in flight: one raw-pointer method on one batch of copies."""
+# A call of a raw-pointer source lasts about this long alone: short against the meter's
+# margin, so that its copies drain before the idle window after theirs.
+PIECE_SECONDS = 0.02
 
-    def __init__(self, torch, copy, job_bytes: int, stream, depth: int = 2):
-        self.torch, self.copy, self.stream = torch, copy, stream
-        self.job_bytes = _require_int("job_bytes", job_bytes, 1)
+
+def in_pieces(copy, src, dst, sizes, piece_bytes: int) -> list[tuple]:
+    """``copy(src, dst, sizes)`` as calls of about ``piece_bytes`` each: (call, bytes) in
+    order, every copy in one of them."""
+    _require_int("piece_bytes", piece_bytes, 1)
+    ends = np.cumsum(sizes)
+    cuts = np.searchsorted(ends, np.arange(piece_bytes, ends[-1] if len(ends) else 0, piece_bytes)) + 1
+    bounds = np.unique(np.concatenate(([0], cuts, [len(sizes)]))).tolist()
+    return [(functools.partial(copy, src[a:b], dst[a:b], sizes[a:b]), int(np.sum(sizes[a:b])))
+            for a, b in zip(bounds, bounds[1:])]
+
+
+class RawCopies:
+    """Calls that each enqueue copies on ``stream``, ``pieces`` as (call, bytes) taken in
+    turn (in_pieces), ``depth`` calls in flight: one raw-pointer method on one batch."""
+
+    def __init__(self, torch, pieces: list[tuple], stream, depth: int = 2):
+        if not pieces:
+            raise ValueError("pieces: expected (call, bytes) pairs, got none")
+        self.torch, self.stream = torch, stream
+        self.pieces = itertools.cycle(list(pieces))
         self.depth = _require_int("depth", depth, 1)
-        self.flying = []
+        self.flying = []  # (event, bytes)
         self.moved = 0
 
     def top_up(self) -> None:
-        while self.flying and self.flying[0].query():
-            self.flying.pop(0)
-            self.moved += self.job_bytes
+        while self.flying and self.flying[0][0].query():
+            self.moved += self.flying.pop(0)[1]
         while len(self.flying) < self.depth:
-            self.copy()
+            call, nbytes = next(self.pieces)
+            call()
             event = self.torch.cuda.Event()
             event.record(self.stream)
-            self.flying.append(event)
+            self.flying.append((event, nbytes))
 
     def drain(self) -> int:
-        for event in self.flying:
+        for event, nbytes in self.flying:
             event.synchronize()
-            self.moved += self.job_bytes
+            self.moved += nbytes
         self.flying.clear()
         moved, self.moved = self.moved, 0
         return moved
