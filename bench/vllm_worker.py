@@ -32,7 +32,7 @@ flags.DEFINE_integer("rounds", meter.ROUNDS, "Busy windows per source.")
 flags.DEFINE_float("alone_seconds", 1.0, "Seconds each source runs alone.")
 flags.DEFINE_integer("dropped_handlers", 0, "kvoffload workers made, used and shut down in this "
                      "process before each layout's measured ones (a server that has restarted its "
-                     "offloading).")
+                     "offloading).", lower_bound=0)
 flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the workspace).")
 
 KIB = 1024
