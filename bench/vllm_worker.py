@@ -76,27 +76,23 @@ def layout_jobs(rng, groups, n, blocks):
             "both": both}
 
 
-def region_worker(cache, rows, groups, blocks):
-    """kvoffload's worker on a SharedOffloadRegion of ``blocks`` chunks, as vLLM's tiering
-    makes it (an fs tier on a temporary folder, never reached by the bench's jobs)."""
-    import tempfile
+def region_worker(cache, rows, blocks):
+    """kvoffload's worker on a SharedOffloadRegion of ``blocks`` chunks, made as
+    KVOffloadTieringSpec.create_worker makes it for one rank (without vLLM's config and
+    tiers, which the GPU image cannot import)."""
+    from vllm.utils.math_utils import round_up
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 
-    from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig, OffloadingGroupConfig,
-                                           OffloadingModelConfig, OffloadingParallelConfig)
-
-    from kvoffload.vllm import KVOffloadTieringSpec
-    parallel = OffloadingParallelConfig(
-        rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1, data_parallel_index=0,
-        data_parallel_size=1, data_parallel_rank_local=None, is_parallelism_agnostic=False)
-    extra = {"spec_name": "KVOffloadTieringSpec", "spec_module_path": "kvoffload.vllm",
-             "cpu_bytes_to_use": blocks * sum(rows),
-             "secondary_tiers": [{"type": "fs", "root_dir": tempfile.mkdtemp(prefix="kvoffload-bench-")}]}
-    config = OffloadingConfig(
-        groups=tuple(OffloadingGroupConfig(16, (f"layer.{g}",), g) for g in range(groups)),
-        worker_kv_bytes_per_block=sum(rows), enable_kv_cache_events=False, extra_config=extra,
-        engine_id=f"kvoffload-bench-{os.getpid()}", model=OffloadingModelConfig("model", "int8"),
-        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1), parallel=parallel)
-    return KVOffloadTieringSpec(config).get_worker(cache)
+    from kvoffload.vllm import KVOffloadRegionWorker
+    chunk = sum(rows)
+    region = SharedOffloadRegion(engine_id=f"kvoffload-bench-{os.getpid()}", num_chunks=blocks, rank=0,
+                                 kv_bytes_per_chunk=round_up(chunk, SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT),
+                                 cpu_page_size=chunk)
+    try:
+        return KVOffloadRegionWorker(cache, 1, blocks, region)
+    except Exception:
+        region.cleanup()
+        raise
 
 
 def main(argv):
@@ -136,7 +132,7 @@ def main(argv):
             if method == "vllm_worker":
                 workers[method] = peer(cache, 1, blocks)
             elif method == "region":
-                workers[method] = region_worker(cache, row_bytes, groups, blocks)
+                workers[method] = region_worker(cache, row_bytes, blocks)
             else:
                 workers[method] = KVOffloadWorker(cache, 1, blocks, **({"method": method} if gpu else {}))
         default = KVOffloadWorker(cache, 1, blocks) if gpu else None

@@ -126,15 +126,18 @@ void StagedPageCopy(const DevicePageTable& table, const PageJob& job, bool load,
   });
 }
 
-// Stores read the GPU in stream order (after the model's writes); loads read the pool,
-// which the handler orders against stores before the job starts, but still in stream
-// order: the job's waits are on this stream.
 CopyResult DmaPageCopy(const PageLayout& layout, const PageJob& job, bool load,
-                       const std::vector<Segment>& segments, cudaStream_t stream, int64_t bytes) {
+                       const std::vector<Segment>& segments, cudaStream_t stream, int64_t bytes,
+                       SrcAccessOrder src_order) {
   thread_local PageDma dma;
+  thread_local std::vector<uint8_t> order;
   BuildPageDma(layout, job.block_ids, segments, dma);
-  const CopyBatch batch{load ? dma.host.data() : dma.gpu.data(), load ? dma.gpu.data() : dma.host.data(),
-                        dma.size.data(), static_cast<int64_t>(dma.size.size())};
+  CopyBatch batch{load ? dma.host.data() : dma.gpu.data(), load ? dma.gpu.data() : dma.host.data(),
+                  dma.size.data(), static_cast<int64_t>(dma.size.size())};
+  if (src_order != SrcAccessOrder::kStream) {
+    order.assign(dma.size.size(), static_cast<uint8_t>(src_order));
+    batch.order = order.data();
+  }
   CopyResult result = BatchCopy(batch, stream);
   result.bytes = bytes;
   return result;
@@ -197,6 +200,10 @@ void ValidatePageCopyOptions(const PageCopyOptions& options) {
   if (options.slots < 2) {
     throw std::invalid_argument("slots: must be >= 2, got " + std::to_string(options.slots));
   }
+  if (options.src_order != SrcAccessOrder::kStream && options.src_order != SrcAccessOrder::kAny) {
+    throw std::invalid_argument("src_order: must be STREAM or ANY, got " +
+                                std::to_string(static_cast<int>(options.src_order)));
+  }
   if (options.ring < 0 || options.ring >= kMaxRings) {
     throw std::invalid_argument("ring: must be in [0, " + std::to_string(kMaxRings) + "), got " +
                                 std::to_string(options.ring));
@@ -226,7 +233,7 @@ CopyResult PageCopy(const DevicePageTable& table, const PageJob& job, bool load,
                                 std::to_string(table.device()));
   }
   if (options.path == PagePath::kDma) {
-    return DmaPageCopy(table.layout(), job, load, segments, stream, result.bytes);
+    return DmaPageCopy(table.layout(), job, load, segments, stream, result.bytes, options.src_order);
   }
   if (options.path == PagePath::kStaged) {
     StagedPageCopy(table, job, load, segments, units, guard.device(), stream, options, result);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "cc/copy_batch.h"
 #include "cc/copy_path.h"
 #include "cc/page_table.h"
 
@@ -49,6 +50,10 @@ struct PageCopyOptions {
   // Which of the device's rings of this direction and geometry: copies on different
   // rings never queue behind each other's (expedited loads take a ring of their own).
   int ring = 0;
+  // The DMA path's source reads: kStream, or kAny where no write to the job's source is
+  // unfinished (the driver may then read it before the stream's earlier work is done).
+  // The other paths read in stream order.
+  SrcAccessOrder src_order = SrcAccessOrder::kStream;
 };
 
 inline constexpr int kMaxRings = 4;  // each ring holds slots x slot_bytes of device memory

@@ -4,6 +4,7 @@ races, failures, a soak, and a registered host buffer."""
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -87,6 +88,50 @@ def test_a_load_right_after_a_store_of_the_same_chunks_reads_the_stored_bytes(me
     handler.wait([("s", trials - 1)])
     results = handler.get_finished()
     assert len(results) == 2 * trials and all(r.success for r in results)
+    handler.shutdown()
+
+
+class OrderSpy:
+    """Stands in for a handler's page table: records the src_order of every page copy
+    that names one (the handler's loads)."""
+
+    def __init__(self, pages):
+        self._pages, self.orders = pages, []
+
+    def copy_job(self, job, **kwargs):
+        if "src_order" in kwargs:
+            self.orders.append(kwargs["src_order"])
+        return self._pages.copy_job(job, **kwargs)
+
+
+def test_a_dma_load_reads_the_pool_out_of_stream_order_only_when_no_store_it_reads_is_in_flight():
+    handler, _ = make_handler(np.random.default_rng(7), [4096], [2], num_blocks=64, num_chunks=64,
+                              bpc=1, cpu_layout="chunk_major", device="cuda", method="pages_dma")
+    stored, loaded, elsewhere = np.split(np.random.default_rng(8).permutation(64)[:12], 3)
+    # Once first, so that nothing made on first use (which may wait for the GPU) runs below.
+    assert handler.transfer_async("warm", GPUSpec(stored, [4], [0]), CPUSpec(list(range(20, 24))))
+    assert handler.transfer_async("warm load", CPUSpec(list(range(20, 24))), GPUSpec(loaded, [4], [0]))
+    handler.wait(["warm", "warm load"])
+    handler._pages = spy = OrderSpy(handler._pages)
+    for t in handler.gpu_tensors[0]:
+        t[torch.from_numpy(stored).cuda()] = 7
+        t[torch.from_numpy(loaded).cuda()] = 0
+    torch.cuda._sleep(1000 * SLEEP_CYCLES)  # the store waits for this, so it is in flight below
+    assert handler.transfer_async("store", GPUSpec(stored, [4], [0]), CPUSpec(list(range(4))))
+    assert handler.transfer_async("behind", CPUSpec(list(range(4))), GPUSpec(loaded, [4], [0]))
+    assert handler.transfer_async("beside", CPUSpec(list(range(8, 12))), GPUSpec(elsewhere, [4], [0]))
+    deadline = time.monotonic() + 10
+    while len(spy.orders) < 2 and time.monotonic() < deadline:
+        time.sleep(1e-4)
+    assert not torch.cuda.current_stream().query(), "the sleep ended before the loads were enqueued"
+    handler.wait(["store", "behind", "beside"])
+    assert handler.transfer_async("after", CPUSpec(list(range(4))), GPUSpec(loaded, [4], [0]))
+    handler.wait(["after"])
+    order = _C.SrcAccessOrder
+    assert spy.orders == [order.STREAM, order.ANY, order.ANY]  # behind, beside, after
+    for t in handler.gpu_tensors[0]:
+        assert (t[torch.from_numpy(loaded).cuda()] == 7).all()
+    assert all(r.success for r in handler.get_finished())
     handler.shutdown()
 
 

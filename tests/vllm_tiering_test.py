@@ -26,7 +26,8 @@ from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 import kvoffload.vllm
-from kvoffload.vllm.tiering import KVOffloadRegionWorker, KVOffloadTieringSpec
+from kvoffload.vllm.region_worker import KVOffloadRegionWorker
+from kvoffload.vllm.tiering import KVOffloadTieringSpec
 
 BPC = 2
 # Three tensors of different pages: a chunk row is 2 * (1024 + 1024 + 2048) = 8 KiB.

@@ -42,7 +42,7 @@ from typing import Hashable, Iterable, Sequence
 
 import numpy as np
 
-from kvoffload import auto, calibration, page_methods
+from kvoffload import _C, auto, calibration, page_methods
 from kvoffload.descriptor_pool import DescriptorPool
 from kvoffload.host_pool import HostPool, PoolOptions
 from kvoffload.pool_layout import check_places, chunk_runs, chunks_reach, kv_layout, pool_bytes, tensor_owners
@@ -426,6 +426,8 @@ class OffloadHandler:
         try:
             resolve = functools.partial(self._conflicts.resolve_and_add, job.lane, seq, job.writes_cpu,
                                         job.keys) if deferred else None
+            if load and plan is None and self._paths[direction] == page_methods.PagePath.DMA:
+                copy, resolve = _quiet_source_reads(copy, resolve, self._lanes.done)
             job.handle = self._lanes.make(job.lane, copy, waits, failing_with=sources,
                                           pipelined=plan is None and self._paths[direction] == page_methods.PagePath.STAGED,
                                           resolve=resolve)
@@ -595,3 +597,22 @@ class OffloadHandler:
 
     def __exit__(self, *exc):
         self.shutdown()
+
+
+def _quiet_source_reads(copy, resolve, done):
+    """A DMA page load's (copy, resolve): the copy reads the pool out of stream order
+    (SrcAccessOrder.ANY, as vLLM's worker reads its loads) when no store it reads from is
+    still in flight as it is enqueued, and in stream order (after the stores) when one is."""
+    stores = []
+
+    def resolve_noting_stores(handle):
+        waits, sources = resolve(handle)
+        stores[:] = sources
+        return waits, sources
+
+    def copy_in_order(stream):
+        quiet = all(done(store) for store in stores)
+        return copy(stream=stream, src_order=_C.SrcAccessOrder.ANY if quiet else _C.SrcAccessOrder.STREAM)
+
+    return copy_in_order, resolve_noting_stores
+

@@ -270,26 +270,29 @@ void BindPages(nb::module_& m) {
       .def(
           "copy",
           [](PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i, bool load,
-             nb::handle stream, PagePath path, int max_ctas, int64_t slot_bytes, int slots, int ring) {
+             nb::handle stream, PagePath path, int max_ctas, int64_t slot_bytes, int slots, int ring,
+             SrcAccessOrder src_order) {
             return t.Copy(JobIds(b, c, g, i), load, stream,
-                          PageCopyOptions{path, max_ctas, slot_bytes, slots, ring});
+                          PageCopyOptions{path, max_ctas, slot_bytes, slots, ring, src_order});
           },
           nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
           nb::arg("block_indices"), nb::arg("load"), nb::arg("stream").none(),
           nb::arg("path") = kPageDefaults.path, nb::arg("max_ctas") = kPageDefaults.max_ctas,
           nb::arg("slot_bytes") = kPageDefaults.slot_bytes, nb::arg("slots") = kPageDefaults.slots,
-          nb::arg("ring") = 0)
+          nb::arg("ring") = 0, nb::arg("src_order") = kPageDefaults.src_order)
       .def(
           "copy_job",
           [](PyPageTable& t, const PreparedJob& job, bool load, nb::handle stream, PagePath path,
-             int max_ctas, int64_t slot_bytes, int slots, int ring) {
+             int max_ctas, int64_t slot_bytes, int slots, int ring, SrcAccessOrder src_order) {
             t.RequireOwn(job);
-            return t.Copy(job.ids, load, stream, PageCopyOptions{path, max_ctas, slot_bytes, slots, ring},
+            return t.Copy(job.ids, load, stream,
+                          PageCopyOptions{path, max_ctas, slot_bytes, slots, ring, src_order},
                           /*checked=*/true);
           },
           nb::arg("job"), nb::arg("load"), nb::arg("stream").none(), nb::arg("path") = kPageDefaults.path,
           nb::arg("max_ctas") = kPageDefaults.max_ctas, nb::arg("slot_bytes") = kPageDefaults.slot_bytes,
-          nb::arg("slots") = kPageDefaults.slots, nb::arg("ring") = 0);
+          nb::arg("slots") = kPageDefaults.slots, nb::arg("ring") = 0,
+          nb::arg("src_order") = kPageDefaults.src_order);
   nb::class_<PreparedJob>(m, "PreparedJob", "A job's ids, copied and checked by PageTable.prepare.")
       .def(
           "ids",

@@ -44,4 +44,6 @@ def __getattr__(name):
         return KVOffloadSpec
     if name == "KVOffloadTieringSpec":  # vLLM's tiering on kvoffload's worker (kvoffload.vllm.tiering)
         return __import__("kvoffload.vllm.tiering", fromlist=[name]).KVOffloadTieringSpec
+    if name == "KVOffloadRegionWorker":  # on vLLM's SharedOffloadRegion (kvoffload.vllm.region_worker)
+        return __import__("kvoffload.vllm.region_worker", fromlist=[name]).KVOffloadRegionWorker
     raise AttributeError(f"module 'kvoffload.vllm' has no attribute {name!r}")
