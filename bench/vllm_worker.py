@@ -30,6 +30,7 @@ flags.DEFINE_list("directions", list(DIRECTIONS), "store, load, both.")
 flags.DEFINE_integer("steps", None, "Counted steps a window (default: kvoffload.meter's).")
 flags.DEFINE_integer("rounds", meter.ROUNDS, "Busy windows per source.")
 flags.DEFINE_float("alone_seconds", 1.0, "Seconds each source runs alone.")
+flags.DEFINE_bool("beside", True, "Also measure each source beside the model loop (else alone only).")
 flags.DEFINE_integer("dropped_handlers", 0, "kvoffload workers made, used and shut down in this "
                      "process before each layout's measured ones (a server that has restarted its "
                      "offloading).", lower_bound=0)
@@ -106,12 +107,13 @@ def main(argv):
     connections = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "8")
     rng = np.random.default_rng(0)
     rows = []
+    loop = None
     if not gpu:
         print("no GPU: running kvoffload's host path on a small cache, not the PCIe link")
-        loop = None
     else:
-        from kvoffload import compute_loop
-        loop = compute_loop.ComputeLoop(torch, "model")
+        if FLAGS.beside:
+            from kvoffload import compute_loop
+            loop = compute_loop.ComputeLoop(torch, "model")
         peer = vllm_peer.install(torch)
     for layout in FLAGS.layouts:
         row_bytes, refs, n, blocks = LAYOUTS[layout]
@@ -155,7 +157,7 @@ def main(argv):
         for (method, direction), rate in alone.items():
             print(f"{layout:<12} {method:<13} {direction:<6} alone {rate:6.1f} GB/s")
         beside = meter.measure(loop, {f"{m} {d}": make for (m, d), make in sources.items()},
-                               FLAGS.steps, FLAGS.rounds) if gpu else {}
+                               FLAGS.steps, FLAGS.rounds) if loop is not None else {}
         for (method, direction), rate in alone.items():
             row = dict(base, method=method, direction=direction, gb_per_s=rate,
                        chosen=chosen["store" if direction == "store" else "load"] if direction != "both"
@@ -182,7 +184,7 @@ def write(torch, rows, loop):
         return
     path = os.path.join(os.environ.get("BUILD_WORKSPACE_DIRECTORY", "."), FLAGS.out)
     meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
-                device=torch.cuda.get_device_name() if loop else "cpu",
+                device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                 step_seconds=loop.step_seconds if loop else None, steps=FLAGS.steps,
                 rounds=FLAGS.rounds, noise=meter.NOISE,
                 dma_from_page_bytes={d.value: b for d, b in page_methods.DMA_FROM_PAGE_BYTES.items()},

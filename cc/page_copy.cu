@@ -213,6 +213,10 @@ void ValidatePageCopyOptions(const PageCopyOptions& options) {
 CopyResult PageCopy(const DevicePageTable& table, const PageJob& job, bool load,
                     cudaStream_t stream, const PageCopyOptions& options, bool validated) {
   ValidatePageCopyOptions(options);
+  if (options.src_order != SrcAccessOrder::kStream && !(load && options.path == PagePath::kDma)) {
+    throw std::invalid_argument("src_order: ANY is for DMA loads only (a store's source is the live "
+                                "GPU cache; the ring and the kernel read in stream order)");
+  }
   if (!validated) ValidateJob(table.layout(), job);
   thread_local std::vector<Segment> segments;
   const int64_t units = BuildSegments(table.layout(), job, segments);

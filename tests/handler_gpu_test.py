@@ -125,6 +125,9 @@ def test_a_dma_load_reads_the_pool_out_of_stream_order_only_when_no_store_it_rea
         time.sleep(1e-4)
     assert not torch.cuda.current_stream().query(), "the sleep ended before the loads were enqueued"
     handler.wait(["store", "behind", "beside"])
+    for t in handler.gpu_tensors[0]:
+        assert (t[torch.from_numpy(loaded).cuda()] == 7).all(), "the load behind the store missed it"
+        t[torch.from_numpy(loaded).cuda()] = 0
     assert handler.transfer_async("after", CPUSpec(list(range(4))), GPUSpec(loaded, [4], [0]))
     handler.wait(["after"])
     order = _C.SrcAccessOrder

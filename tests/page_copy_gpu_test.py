@@ -165,6 +165,29 @@ def test_a_copy_on_another_ring_does_not_queue_behind_a_blocked_ring():
         cache.table.copy([0], [0], [1], [0], load=True, stream=own, ring=4)
 
 
+def test_any_source_order_is_refused_but_for_dma_loads_before_anything_is_copied():
+    rng = np.random.default_rng(9)
+    cache = Cache(rng, [4096], [2], 16, 8, 2, "chunk_major", 0)
+    stream = torch.cuda.Stream()
+    for load, path in ((False, _C.PagePath.DMA), (True, _C.PagePath.STAGED), (True, _C.PagePath.KERNEL)):
+        with pytest.raises(ValueError, match="src_order: ANY is for DMA loads only"):
+            cache.table.copy([3], [1], [1], [0], load=load, stream=stream, path=path,
+                             src_order=_C.SrcAccessOrder.ANY)
+    with pytest.raises(ValueError, match="src_order: must be STREAM or ANY"):
+        cache.table.copy([3], [1], [1], [0], load=True, stream=stream, path=_C.PagePath.DMA,
+                         src_order=_C.SrcAccessOrder.DURING_API_CALL)
+    stream.synchronize()
+    cache.check()  # nothing moved
+    cache.table.copy([3, 5], [1], [2], [0], load=False, stream=stream, path=_C.PagePath.DMA)
+    stream.synchronize()
+    cache.model.store([3, 5], [2], [0], [1])
+    cache.table.copy([7, 9], [1], [2], [0], load=True, stream=stream, path=_C.PagePath.DMA,
+                     src_order=_C.SrcAccessOrder.ANY)
+    stream.synchronize()
+    cache.model.load([7, 9], [2], [0], [1])
+    cache.check()
+
+
 def test_bad_ids_enqueue_nothing():
     rng = np.random.default_rng(5)
     cache = Cache(rng, [4096], [2], 16, 8, 2, "chunk_major", 0)

@@ -11,7 +11,9 @@ Safety by construction:
 - a job waits for every job in flight on another lane that touches the same GPU blocks
   or CPU chunks, where either writes them;
 - a load reads its chunks with ANY only when no store in flight writes any of them;
-  otherwise it waits for that store and reads in stream order (kvoffload.ordering);
+  otherwise it waits for that store and reads in stream order (kvoffload.ordering). So
+  the pool is the handler's to write: other writes to it (the host's) are done before a
+  load of those chunks is submitted, never queued on a stream;
 - jobs of one lane run in submission order;
 - every copy of every job lies inside the GPU tensors or the pool (``registry``),
   checked before the job is submitted.
@@ -406,7 +408,8 @@ class OffloadHandler:
 
         descriptors = None
         if plan is None:
-            # Page copies read in stream order: the job already waits for conflicting stores.
+            # The job already waits for conflicting stores; DMA loads choose their order as
+            # they are enqueued (_quiet_source_reads), the ring and the kernel read in stream order.
             # Expedited loads take a ring of their own: they never queue behind the load lane's.
             copy = functools.partial(self._pages.copy_job, prepared, load=load,
                                      path=self._paths[direction], max_ctas=self._page_ctas,
