@@ -23,13 +23,17 @@ if [[ ${#files[@]} -eq 0 ]]; then
     [[ $f == tests/meter_gpu_test.py ]] || files+=("$f")
   done
 fi
+# Each tool's whole output also goes to $SANITIZE_LOG_DIR/<tool>.log (default /tmp), so a
+# run cut short by a time limit keeps what it printed.
+logs="${SANITIZE_LOG_DIR:-/tmp}"
+mkdir -p "$logs"
 status=0
 for tool in "${tools[@]}"; do
   echo "== compute-sanitizer --tool $tool: ${files[*]}"
   compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
     python3 -m pytest -q -rfE -p no:cacheprovider "${files[@]}" \
     -k "not test_calibration_is_measured_on_its_device_once_cached_and_keyed and not test_registering_a_piece_twice_is_a_named_cuda_error" \
-    2>&1 | tail -n 25
+    2>&1 | tee "$logs/$tool.log" | tail -n 25
   rc=${PIPESTATUS[0]}
   echo "== $tool: exit $rc"
   [[ $rc -eq 0 ]] || status=1
