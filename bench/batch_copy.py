@@ -25,7 +25,8 @@ import numpy as np
 from absl import app, flags
 
 import kvoffload as kv
-from kvoffload import auto, compute_loop, copy_methods, meter, page_methods
+from kvoffload import _C, auto, compute_loop, copy_methods, meter, page_methods
+from kvoffload.batch_copy import KERNEL_CTAS, STAGED_CTAS, STAGED_SLOT_BYTES, STAGED_SLOTS
 from kvoffload.page_table import PageTable
 from kvoffload.steady_copies import PIECE_SECONDS, BulkCopies, RawCopies, in_pieces
 
@@ -44,18 +45,18 @@ flags.DEFINE_enum("pattern", "scattered", ["scattered", "host_runs"],
                   "scattered: both sides at random; host_runs: the host side in runs of "
                   "--run_kib (as a chunk-major pool gives), the device side at random.")
 flags.DEFINE_integer("run_kib", 2048, "Host run size for --pattern=host_runs.")
-flags.DEFINE_integer("kernel_ctas", 8, "CTA budget of the copy kernel.")
-flags.DEFINE_integer("staged_ctas", 8, "CTA budget of the staged copy's gather/scatter kernel.")
-flags.DEFINE_integer("slot_mib", 16, "Staging slot size, MiB.")
-flags.DEFINE_integer("slots", 4, "Staging slots.")
+flags.DEFINE_integer("kernel_ctas", KERNEL_CTAS, "CTA budget of the copy kernel.")
+flags.DEFINE_integer("staged_ctas", STAGED_CTAS, "CTA budget of the staged copy's gather/scatter kernel.")
+flags.DEFINE_integer("slot_mib", STAGED_SLOT_BYTES >> 20, "Staging slot size, MiB.")
+flags.DEFINE_integer("slots", STAGED_SLOTS, "Staging slots.")
 flags.DEFINE_list("interference", [], "Compute loops (model, gemm; kvoffload.compute_loop) beside "
                   "which to also run each method, at --interference_kib, reporting its step slowdown.")
 flags.DEFINE_list("interference_kib", ["4", "16"], "Block sizes measured beside compute.")
 flags.DEFINE_list("interference_methods", ["batch_any", "kernel", "staged", "auto", "pages_staged",
                                            "pages_kernel"], "Methods measured beside compute.")
-flags.DEFINE_integer("page_ctas", 32, "CTAs of the page copies' kernels.")
-flags.DEFINE_integer("page_slot_mib", 64, "Staging slot size of the staged page copy, MiB.")
-flags.DEFINE_integer("page_slots", 2, "Staging slots of the staged page copy.")
+flags.DEFINE_integer("page_ctas", _C.PAGE_COPY_CTAS, "CTAs of the page copies' kernels.")
+flags.DEFINE_integer("page_slot_mib", _C.PAGE_SLOT_BYTES >> 20, "Staging slot size of the staged page copy, MiB.")
+flags.DEFINE_integer("page_slots", _C.PAGE_SLOTS, "Staging slots of the staged page copy.")
 flags.DEFINE_list("ctas", [], "CTA budgets N that add the methods kernel_ctasN and staged_ctasN "
                   "(for the frontier of GB/s against step slowdown).")
 flags.DEFINE_bool("both", True, "Also measure stores and loads at once (direction 'both').")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence, Union
 
-import numpy as np
 
 from kvoffload import _C
 from kvoffload.registry import ANY, require_registry
@@ -50,9 +49,9 @@ def _checked(registry, src, dst, sizes, src_kind=ANY, dst_kind=ANY):
     return src, dst, sizes
 
 
-KERNEL_CTAS = 8  # the kernel's and the staged copy's default CTA budget
-STAGED_SLOT_BYTES = 16 << 20
-STAGED_SLOTS = 4
+# The copies' defaults, as the C++ option structs define them.
+KERNEL_CTAS = _C.KERNEL_CTAS
+STAGED_SLOT_BYTES, STAGED_SLOTS, STAGED_CTAS = _C.STAGED_SLOT_BYTES, _C.STAGED_SLOTS, _C.STAGED_CTAS
 
 
 def batch_copy(
@@ -109,7 +108,7 @@ def staged_copy(
     stream: Stream = None,
     slot_bytes: int = STAGED_SLOT_BYTES,
     slots: int = STAGED_SLOTS,
-    max_ctas: int = KERNEL_CTAS,
+    max_ctas: int = STAGED_CTAS,
     *,
     registry,
 ) -> CopyResult:

@@ -234,6 +234,12 @@ CopyResult PyCopyBlocks(nb::handle src_obj, nb::handle dst_obj, nb::handle mappi
 
 void BindCopies(nb::module_& m) {
   m.attr("COPIES_PER_DRIVER_CALL") = kCopiesPerDriverCall;
+  static const KernelCopyOptions kKernelDefaults{};
+  static const StagedCopyOptions kStagedDefaults{};
+  m.attr("KERNEL_CTAS") = kKernelDefaults.max_ctas;
+  m.attr("STAGED_SLOT_BYTES") = kStagedDefaults.slot_bytes;
+  m.attr("STAGED_SLOTS") = kStagedDefaults.slots;
+  m.attr("STAGED_CTAS") = kStagedDefaults.max_ctas;
   // Array arguments take None too, so that Int64Array's message names them.
   m.def("batch_copy", &PyBatchCopy, nb::arg("src").none(), nb::arg("dst").none(),
         nb::arg("sizes").none(), nb::arg("stream").none() = nb::none(),
@@ -241,12 +247,13 @@ void BindCopies(nb::module_& m) {
         nb::arg("max_copies_per_call") = 0, nb::arg("per_copy") = false);
   m.def("kernel_copy", &PyKernelCopy, nb::arg("src").none(), nb::arg("dst").none(),
         nb::arg("sizes").none(),
-        nb::arg("stream").none() = nb::none(), nb::arg("max_ctas") = 8,
-        nb::arg("piece_bytes") = int64_t{64} << 10);
+        nb::arg("stream").none() = nb::none(), nb::arg("max_ctas") = kKernelDefaults.max_ctas,
+        nb::arg("piece_bytes") = kKernelDefaults.piece_bytes);
   m.def("staged_copy", &PyStagedCopy, nb::arg("src").none(), nb::arg("dst").none(),
         nb::arg("sizes").none(),
         nb::arg("host_is_src"), nb::arg("stream").none() = nb::none(),
-        nb::arg("slot_bytes") = int64_t{16} << 20, nb::arg("slots") = 4, nb::arg("max_ctas") = 8);
+        nb::arg("slot_bytes") = kStagedDefaults.slot_bytes, nb::arg("slots") = kStagedDefaults.slots,
+        nb::arg("max_ctas") = kStagedDefaults.max_ctas);
   m.def("host_copy", &PyHostCopy, nb::arg("src").none(), nb::arg("dst").none(),
         nb::arg("sizes").none(), nb::arg("threads") = 0);
   m.def("copy_arrays", &PyCopyArrays, nb::arg("src").none(), nb::arg("dst").none(),

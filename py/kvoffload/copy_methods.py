@@ -12,7 +12,8 @@ from typing import ClassVar, Union
 
 import numpy as np
 
-from kvoffload.batch_copy import (KERNEL_CTAS, STAGED_SLOT_BYTES, STAGED_SLOTS, CopyResult, SrcAccessOrder,
+from kvoffload.batch_copy import (KERNEL_CTAS, STAGED_CTAS, STAGED_SLOT_BYTES, STAGED_SLOTS, CopyResult,
+                                  SrcAccessOrder,
                                   batch_copy, kernel_copy, staged_copy)
 from kvoffload.registry import UNCHECKED
 from kvoffload.vocabulary import Direction
@@ -82,7 +83,7 @@ class Staged:
     name: ClassVar[str] = "staged"
     slot_bytes: int = _option(STAGED_SLOT_BYTES, bits=64)
     slots: int = _option(STAGED_SLOTS)
-    max_ctas: int = _option(KERNEL_CTAS)
+    max_ctas: int = _option(STAGED_CTAS)
 
     def __post_init__(self):
         _check_options(self)

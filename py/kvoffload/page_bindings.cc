@@ -305,6 +305,8 @@ void BindPages(nb::module_& m) {
           "Copies of (block_ids, chunk_ids, group_sizes, block_indices).");
   m.attr("PAGE_UNIT_BYTES") = kPageUnitBytes;
   m.attr("PAGE_COPY_CTAS") = kPageDefaults.max_ctas;
+  m.attr("PAGE_SLOT_BYTES") = kPageDefaults.slot_bytes;
+  m.attr("PAGE_SLOTS") = kPageDefaults.slots;
 }
 
 }  // namespace kvoffload
