@@ -7,8 +7,8 @@ import time
 import vllm_env  # noqa: F401  (puts vLLM on sys.path)
 import numpy as np
 import torch
-from vllm.v1.kv_offload.base import (CanonicalKVCacheRef, CanonicalKVCaches,
-                                     CanonicalKVCacheTensor, GPULoadStoreSpec)
+from vllm.v1.kv_offload.base import (CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor,
+                                     CanonicalPageMapping, CopyRun, GPULoadStoreSpec)
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 from kvoffload.planner import chunks_used
@@ -139,3 +139,21 @@ def round_trip(rng, cache, bpc, num_chunks, n, before_shutdown=None, **options):
 def _slices(values, counts):
     at = np.cumsum([0] + list(counts))
     return [values[at[k]:at[k + 1]] for k in range(len(counts))]
+
+
+def tp2_mapping(rank):
+    """A layer of 2 KV heads per rank as vLLM maps it at TP 2 (NHD): per token, this rank's
+    128 bytes of K (then of V) go beside the other rank's in a 2048-byte canonical page."""
+    return CanonicalPageMapping(2048, 1024, (CopyRun(0, rank * 128, 128, 4, 128, 256),
+                                             CopyRun(512, 1024 + rank * 128, 128, 4, 128, 256)), 1, 0, True)
+
+
+def canonical_page(locals_by_rank, mappings, size):
+    """The oracle: the canonical page the ranks' local pages make, run by run."""
+    page = np.full(size, POISON & 0xFF, np.uint8)
+    for local, m in zip(locals_by_rank, mappings):
+        for run in m.runs:
+            for k in range(run.num_fragments):
+                lo, co = run.local_offset + k * run.local_stride, run.canonical_offset + k * run.canonical_stride
+                page[co:co + run.fragment_size] = local[lo:lo + run.fragment_size]
+    return page

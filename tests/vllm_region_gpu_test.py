@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_cache import POISON, finish
+from vllm_cache import POISON, canonical_page, finish, tp2_mapping
 from vllm.utils.math_utils import round_up
-from vllm.v1.kv_offload.base import (CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor,
-                                     CanonicalPageMapping, CopyRun, GPULoadStoreSpec)
+from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 
@@ -86,24 +85,6 @@ def test_whole_pages_land_where_vllms_views_have_them_and_load_back(method):
                               snapshot[i][blocks]), i
     del rows
     worker.shutdown()
-
-
-def tp2_mapping(rank):
-    """A layer of 2 KV heads per rank as vLLM maps it at TP 2 (NHD): per token, this rank's
-    128 bytes of K (then of V) go beside the other rank's in a 2048-byte canonical page."""
-    return CanonicalPageMapping(2048, 1024, (CopyRun(0, rank * 128, 128, 4, 128, 256),
-                                             CopyRun(512, 1024 + rank * 128, 128, 4, 128, 256)), 1, 0, True)
-
-
-def canonical_page(locals_by_rank, mappings, size):
-    """The oracle: the canonical page the ranks' local pages make, run by run."""
-    page = np.full(size, POISON & 0xFF, np.uint8)
-    for local, m in zip(locals_by_rank, mappings):
-        for run in m.runs:
-            for k in range(run.num_fragments):
-                lo, co = run.local_offset + k * run.local_stride, run.canonical_offset + k * run.canonical_stride
-                page[co:co + run.fragment_size] = local[lo:lo + run.fragment_size]
-    return page
 
 
 def test_canonical_pages_are_two_ranks_fragments_side_by_side_and_load_back():

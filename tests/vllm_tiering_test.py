@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import vllm_env
-from vllm_cache import POISON, VllmCache, finish, job
+from vllm_cache import POISON, VllmCache, canonical_page, finish, job, tp2_mapping
 
 if vllm_env.LIGHT:
     pytest.skip("the light vLLM bundle has no vllm.config", allow_module_level=True)
@@ -341,24 +341,6 @@ def canonical_caches(rng, mappings):
     return tensors, CanonicalKVCaches(
         [CanonicalKVCacheTensor(t, 1024) for t in tensors],
         [[CanonicalKVCacheRef(i, 1024, m) for i, m in enumerate(mappings)]])
-
-
-def tp2_mapping(rank):
-    """A layer of 2 KV heads per rank as vLLM maps it at TP 2 (NHD): per token, this rank's
-    128 bytes of K (then of V) go beside the other rank's in a 2048-byte canonical page."""
-    return CanonicalPageMapping(2048, 1024, (CopyRun(0, rank * 128, 128, 4, 128, 256),
-                                             CopyRun(512, 1024 + rank * 128, 128, 4, 128, 256)), 1, 0, True)
-
-
-def canonical_page(locals_by_rank, mappings_by_rank, size):
-    """The oracle: the canonical page the ranks' local pages make, run by run."""
-    page = np.full(size, POISON & 0xFF, np.uint8)
-    for local, m in zip(locals_by_rank, mappings_by_rank):
-        for run in m.runs:
-            for k in range(run.num_fragments):
-                lo, co = run.local_offset + k * run.local_stride, run.canonical_offset + k * run.canonical_stride
-                page[co:co + run.fragment_size] = local[lo:lo + run.fragment_size]
-    return page
 
 
 def test_canonical_pages_are_the_ranks_fragments_side_by_side_and_load_back(tmp_path):
