@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence, Union
 
-
 from kvoffload import _C
 from kvoffload.registry import ANY, require_registry
 from kvoffload.vocabulary import Direction, MemoryKind

@@ -13,8 +13,7 @@ from typing import ClassVar, Union
 import numpy as np
 
 from kvoffload.batch_copy import (KERNEL_CTAS, STAGED_CTAS, STAGED_SLOT_BYTES, STAGED_SLOTS, CopyResult,
-                                  SrcAccessOrder,
-                                  batch_copy, kernel_copy, staged_copy)
+                                  SrcAccessOrder, batch_copy, kernel_copy, staged_copy)
 from kvoffload.registry import UNCHECKED
 from kvoffload.vocabulary import Direction
 
