@@ -1,21 +1,17 @@
 """vLLM 0.33's own CPUOffloadingWorker, as shipped, on a host without vLLM's compiled ops.
 
-Only two things are replaced: the op-registration modules that vllm.platforms.cuda
-imports (empty modules here), and the op ``_C_cache_ops.swap_blocks_batch`` behind
+One thing is replaced (vllm_env makes the op-registration modules that
+vllm.platforms.cuda imports empty): the op ``_C_cache_ops.swap_blocks_batch`` behind
 ``vllm._custom_ops.swap_blocks_batch``, by a stand-in that does what vLLM's C++ does:
 one cuMemcpyBatchAsync over all the copies, on the current stream, with source access
 order ANY when asked (loads) and STREAM otherwise (stores). The rest (descriptor
 planning, streams, events, its Triton kernel for small loads) is vLLM's Python.
 """
 
-import sys
-import types
-
 import numpy as np
 
 import vllm_env  # noqa: F401  (puts vLLM on sys.path)
 
-_OP_MODULES = ("vllm._C", "vllm._C_stable_libtorch", "vllm._moe_C", "vllm._flashmla_C")
 _library = None  # the stand-in op's registration lives as long as the process
 
 
@@ -33,11 +29,9 @@ def _swap_blocks_batch(src, dst, sizes, is_src_access_order_any=False):
 
 
 def install(torch):
-    """Registers the stand-ins and makes vLLM take its CUDA platform; returns vLLM's
+    """Registers the stand-in and makes vLLM take its CUDA platform; returns vLLM's
     CPUOffloadingWorker class."""
     global _library
-    for name in _OP_MODULES:
-        sys.modules.setdefault(name, types.ModuleType(name))
     if _library is None:
         _library = torch.library.Library("_C_cache_ops", "DEF")
         _library.define("swap_blocks_batch(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, "

@@ -151,13 +151,17 @@ def test_without_registration_the_pool_is_cuda_host_alloc_memory(monkeypatch):
 
 
 def attach_pin_and_fill(name, nbytes, conn):
-    pool = HostPool(nbytes, options=PoolOptions(shm_name=name))
-    source = torch.full((nbytes,), 7, dtype=torch.uint8, device="cuda")
-    kv.batch_copy([source.data_ptr()], [pool.base], [nbytes], torch.cuda.current_stream(),
-                  registry=kv.UNCHECKED)
-    torch.cuda.synchronize()
-    conn.send((pool.memory.shared_file.created, _C.is_pinned_host(pool.base)))
-    pool.release()
+    try:
+        pool = HostPool(nbytes, options=PoolOptions(shm_name=name))
+        source = torch.full((nbytes,), 7, dtype=torch.uint8, device="cuda")
+        kv.batch_copy([source.data_ptr()], [pool.base], [nbytes], torch.cuda.current_stream(),
+                      registry=kv.UNCHECKED)
+        torch.cuda.synchronize()
+        conn.send((pool.memory.shared_file.created, _C.is_pinned_host(pool.base)))
+        pool.release()
+    except BaseException as e:  # the parent fails with it rather than waiting forever
+        conn.send(repr(e))
+        raise
 
 
 def test_two_processes_pin_one_shared_pool():
@@ -167,6 +171,7 @@ def test_two_processes_pin_one_shared_pool():
     parent, child = ctx.Pipe()
     process = ctx.Process(target=attach_pin_and_fill, args=(name, 4 * MiB, child))
     process.start()
+    assert parent.poll(120), "the child neither attached nor failed"
     assert parent.recv() == (False, True)  # attached, and pinned there too
     process.join()
     assert process.exitcode == 0

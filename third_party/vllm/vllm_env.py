@@ -7,6 +7,7 @@ are there, not its config and connector."""
 import importlib
 import os
 import sys
+import types
 
 
 def _vllm_dir():
@@ -31,3 +32,8 @@ _loaded = sys.modules.get("typing_extensions")
 if _loaded is not None and not _loaded.__file__.startswith(_dir):
     del sys.modules["typing_extensions"]
     importlib.import_module("typing_extensions")
+# The light bundle has none of vLLM's compiled modules; vllm.platforms.cuda imports these
+# only to register ops, which kvoffload's tests and benchmarks do not call.
+if LIGHT:
+    for _name in ("vllm._C", "vllm._C_stable_libtorch", "vllm._moe_C", "vllm._flashmla_C"):
+        sys.modules.setdefault(_name, types.ModuleType(_name))
