@@ -25,7 +25,9 @@ from kvoffload.steady_copies import DIRECTIONS, BulkCopies, WorkerCopies
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("layouts", ["llama8b-64k", "tp8-8k", "4k", "16k", "hybrid"], "Layouts to measure.")
-flags.DEFINE_list("methods", ["vllm_worker", "pages_staged", "pages_dma"], "Sources beside bulk.")
+flags.DEFINE_list("methods", ["vllm_worker", "pages_staged", "pages_dma"],
+                  "Sources beside bulk: vllm_worker, region, a kvoffload method, or batch_per_job "
+                  "(batch with one driver call per job).")
 flags.DEFINE_list("directions", list(DIRECTIONS), "store, load, both.")
 flags.DEFINE_integer("steps", None, "Counted steps a window (default: kvoffload.meter's).")
 flags.DEFINE_integer("rounds", meter.ROUNDS, "Busy windows per source.")
@@ -96,6 +98,20 @@ def region_worker(cache, rows, blocks):
         raise
 
 
+def batch_per_job():
+    """kvoffload's host-planned batch method with one driver call per job, as vLLM's C++
+    makes, in place of calls of kCopiesPerDriverCall copies."""
+    import kvoffload as kv
+    from kvoffload import copy_methods
+
+    class BatchPerJob(copy_methods.Batch):
+        def __call__(self, src, dst, sizes, stream=None, *, direction, order=kv.SrcAccessOrder.STREAM, registry):
+            return kv.batch_copy(src, dst, sizes, stream, order=order, registry=registry,
+                                 _max_copies_per_call=1 << 24)
+
+    return BatchPerJob()
+
+
 def main(argv):
     del argv
     import torch
@@ -136,7 +152,8 @@ def main(argv):
             elif method == "region":
                 workers[method] = region_worker(cache, row_bytes, blocks)
             else:
-                workers[method] = KVOffloadWorker(cache, 1, blocks, **({"method": method} if gpu else {}))
+                chosen_method = batch_per_job() if method == "batch_per_job" else method
+                workers[method] = KVOffloadWorker(cache, 1, blocks, **({"method": chosen_method} if gpu else {}))
         default = KVOffloadWorker(cache, 1, blocks) if gpu else None
         chosen = default.handler.methods if gpu else {"store": "host", "load": "host"}
         if default is not None:
