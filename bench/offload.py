@@ -40,7 +40,7 @@ flags.DEFINE_integer("blocks_per_chunk", 16, "Blocks per CPU chunk.")
 flags.DEFINE_integer("moved_mib", 4096, "Bytes moved per measurement and direction, MiB.")
 flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the workspace).")
 flags.DEFINE_list("methods", ["auto", "batch"], "Handler copy methods to compare (kvoffload.auto); "
-                  "pages_ctasN and pages_kernel_ctasN are those methods with page_ctas=N.")
+                  "pages_ctasN and pages_kernel_ctasN are those methods with Pages(ctas=N).")
 flags.DEFINE_bool("concurrent", False, "Also run stores and loads at once.")
 flags.DEFINE_list("devices", [], "GPUs to run one handler each on, at once (e.g. 0,1).")
 flags.DEFINE_list("interference", [], "Compute loops (model, gemm; kvoffload.compute_loop) beside "
@@ -75,7 +75,9 @@ def job_specs(rng, groups, n, blocks, chunks, bpc, half=None):
 def make_handler(cache, chunks, bpc, method):
     """An OffloadHandler for a --methods entry."""
     base, _, ctas = method.partition("_ctas")
-    return OffloadHandler(cache, chunks, bpc, method=base, **(dict(page_ctas=int(ctas)) if ctas else {}))
+    if ctas:
+        return OffloadHandler(cache, chunks, bpc, method=dataclasses.replace(kv.Pages.named(base), ctas=int(ctas)))
+    return OffloadHandler(cache, chunks, bpc, method=base)
 
 
 def submit(handler, specs, direction, first_id=0):

@@ -112,7 +112,7 @@ def test_a_dma_load_reads_the_pool_out_of_stream_order_only_when_no_store_it_rea
     assert handler.transfer_async("warm", GPUSpec(stored, [4], [0]), CPUSpec(list(range(20, 24))))
     assert handler.transfer_async("warm load", CPUSpec(list(range(20, 24))), GPUSpec(loaded, [4], [0]))
     handler.wait(["warm", "warm load"])
-    handler._pages = spy = OrderSpy(handler._pages)
+    handler._jobs._table = spy = OrderSpy(handler._jobs._table)
     for t in handler.gpu_tensors[0]:
         t[torch.from_numpy(stored).cuda()] = 7
         t[torch.from_numpy(loaded).cuda()] = 0
@@ -154,8 +154,8 @@ def test_a_cuda_failure_mid_job_fails_that_job_only(monkeypatch, method):
                                   bpc=2, cpu_layout="chunk_major", device="cuda", method=method)
     # The handler copies with its method object: the failing copy stands in for it.
     failing, arm = copy_half_then_fail(
-        handler._method, kv.CudaError("cuMemcpyBatchAsync: CUDA_ERROR_LAUNCH_FAILED: injected"))
-    monkeypatch.setattr(handler, "_method", failing)
+        handler._jobs._method, kv.CudaError("cuMemcpyBatchAsync: CUDA_ERROR_LAUNCH_FAILED: injected"))
+    monkeypatch.setattr(handler._jobs, "_method", failing)
     a_failure_mid_job_fails_that_job_only(handler, model, arm)
     handler.shutdown()
 
@@ -191,7 +191,7 @@ class HalfThenFail:
 def test_a_cuda_failure_mid_page_job_fails_that_job_only(method):
     handler, model = make_handler(np.random.default_rng(6), [1024], [2], num_blocks=16, num_chunks=8,
                                   bpc=2, cpu_layout="chunk_major", device="cuda", method=method)
-    handler._pages = failing = HalfThenFail(handler._pages, 2)
+    handler._jobs._table = failing = HalfThenFail(handler._jobs._table, 2)
     a_failure_mid_job_fails_that_job_only(handler, model, failing.arm)
     handler.shutdown()
 

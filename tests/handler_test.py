@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-import kvoffload.handler
+import kvoffload.job_methods
 import kvoffload.pool_memory
 from kvoffload.handler import OffloadHandler
 from kvoffload.pool_layout import cpu_tensor_layouts, pool_bytes
@@ -158,8 +158,8 @@ def test_specs_with_names_of_their_own_are_named_so_in_every_error():
 def test_a_failure_mid_job_fails_that_job_only(monkeypatch):
     handler, model = make_handler(np.random.default_rng(6), [512], [2], num_blocks=16, num_chunks=8,
                                   bpc=2, cpu_layout="chunk_major")
-    failing, arm = copy_half_then_fail(kvoffload.handler.host_copy, OSError("injected failure"))
-    monkeypatch.setattr(kvoffload.handler, "host_copy", failing)
+    failing, arm = copy_half_then_fail(kvoffload.job_methods.host_copy, OSError("injected failure"))
+    monkeypatch.setattr(kvoffload.job_methods, "host_copy", failing)
     a_failure_mid_job_fails_that_job_only(handler, model, arm)
     handler.shutdown()
 
@@ -376,8 +376,8 @@ def test_repeated_sigints_leave_the_handler_usable():
     jobs.finish(submitted, results)
 
 
-_INTERRUPTIBLE = ("kvoffload/handler.py", "kvoffload/transfer_lanes.py", "kvoffload/descriptor_pool.py",
-                  "kvoffload/lane_conflicts.py", "kvoffload/lane_accesses.py",
+_INTERRUPTIBLE = ("kvoffload/handler.py", "kvoffload/job_methods.py", "kvoffload/transfer_lanes.py",
+                  "kvoffload/descriptor_pool.py", "kvoffload/lane_conflicts.py", "kvoffload/lane_accesses.py",
                   "/threading.py", "/queue.py", "concurrent/futures/_base.py", "concurrent/futures/thread.py")
 
 
@@ -428,13 +428,13 @@ def gated_failure(monkeypatch):
     waits while the gate is clear."""
     gate = threading.Event()
     gate.set()
-    failing, arm = copy_half_then_fail(kvoffload.handler.host_copy, OSError("injected failure"))
+    failing, arm = copy_half_then_fail(kvoffload.job_methods.host_copy, OSError("injected failure"))
 
     def gated(*args, **kwargs):
         gate.wait()
         return failing(*args, **kwargs)
 
-    monkeypatch.setattr(kvoffload.handler, "host_copy", gated)
+    monkeypatch.setattr(kvoffload.job_methods, "host_copy", gated)
     yield arm, gate
     gate.set()  # a failed test leaves no worker waiting
 

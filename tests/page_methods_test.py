@@ -23,21 +23,35 @@ def layout(*pages_per_group):
 @pytest.mark.parametrize("direction", list(Direction))
 def test_pages_at_or_above_the_threshold_go_by_dma_below_it_staged(direction):
     edge = DMA_FROM_PAGE_BYTES[direction]
-    assert page_methods.choose("pages", layout([edge] * 3))[direction] == PagePath.DMA
-    assert page_methods.choose("pages", layout([edge - 16] * 3))[direction] == PagePath.STAGED
+    assert page_methods.choose(page_methods.Pages(), layout([edge] * 3))[direction] == PagePath.DMA
+    assert page_methods.choose(page_methods.Pages(), layout([edge - 16] * 3))[direction] == PagePath.STAGED
     # The mean over every tensor of every group decides.
-    assert page_methods.choose("pages", layout([edge // 2], [3 * edge // 2]))[direction] == PagePath.DMA
-    assert page_methods.choose("pages", layout([edge // 2], [edge // 2, 3 * edge // 2 - 32]))[direction] \
+    assert page_methods.choose(page_methods.Pages(), layout([edge // 2], [3 * edge // 2]))[direction] == PagePath.DMA
+    assert page_methods.choose(page_methods.Pages(), layout([edge // 2], [edge // 2, 3 * edge // 2 - 32]))[direction] \
         == PagePath.STAGED
 
 
 def test_without_the_drivers_batch_copy_pages_keep_to_the_ring():
     big = layout([1 << 20])
-    assert page_methods.choose("pages", big, batch_copy=False) == {d: PagePath.STAGED for d in Direction}
-    assert page_methods.choose("pages_dma", big, batch_copy=False) == {d: PagePath.DMA for d in Direction}
+    assert page_methods.choose(page_methods.Pages(), big, batch_copy=False) == {d: PagePath.STAGED for d in Direction}
+    assert page_methods.choose(page_methods.Pages(PagePath.DMA), big, batch_copy=False) == {d: PagePath.DMA for d in Direction}
 
 
 def test_a_forced_method_takes_its_path_both_ways_and_names_it_back():
     for name, path in page_methods.FORCED.items():
-        assert page_methods.choose(name, layout([4096], [1 << 20])) == {d: path for d in Direction}
+        assert page_methods.choose(page_methods.Pages.named(name), layout([4096], [1 << 20])) == {d: path for d in Direction}
         assert page_methods.name(path) == name
+
+
+def test_a_page_method_object_names_its_bad_options():
+    with pytest.raises(ValueError, match="ctas: must be in"):
+        page_methods.Pages(ctas=0)
+    with pytest.raises(ValueError, match="ctas: must be in"):
+        page_methods.Pages(ctas=page_methods.Pages.MAX_CTAS + 1)
+    with pytest.raises(TypeError, match="ctas: expected an int, got bool"):
+        page_methods.Pages(ctas=True)
+    with pytest.raises(ValueError, match="path: expected None or one of"):
+        page_methods.Pages(path="dma")
+    assert page_methods.Pages(PagePath.DMA, ctas=4).name == "pages_dma"
+    assert page_methods.Pages().name == "pages"
+    assert page_methods.Pages.named("pages") == page_methods.Pages()

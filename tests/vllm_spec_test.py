@@ -25,8 +25,9 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
+import kvoffload as kv
 from kvoffload.vllm import KVOffloadSpec, KVOffloadWorker
-from kvoffload.vllm.spec import shared_pool_name
+from kvoffload.vllm.spec import handler_options, shared_pool_name
 
 BPC = 2
 ROWS, REFS = [256, 256], [[(0, 256), (1, 256)]]
@@ -232,3 +233,15 @@ def test_vllm_connector_flushes_a_preemption_on_every_rank_of_a_replicated_layou
     assert reports == [{10: 1, 11: 1}, {10: 1, 11: 1, 12: 1}]
     for connector in connectors:
         connector.shutdown()
+
+
+def test_the_extra_keys_become_handler_options_and_max_slowdown_belongs_to_auto():
+    assert handler_options({"kvoffload_method": "pages_dma", "kvoffload_cpu_layout": "per_tensor", "block_size": 32}) \
+        == {"method": "pages_dma", "cpu_layout": "per_tensor"}
+    assert handler_options({"kvoffload_method": "auto", "kvoffload_max_slowdown": 0.05}) \
+        == {"method": kv.Auto(0.05)}
+    with pytest.raises(ValueError, match="kvoffload_max_slowdown is an option of \"kvoffload_method\": \"auto\", "
+                                         "got method 'pages'"):
+        handler_options({"kvoffload_max_slowdown": 0.05})
+    with pytest.raises(ValueError, match="kvoffload_max_slowdown: max_slowdown: must be a number >= 0"):
+        handler_options({"kvoffload_method": "auto", "kvoffload_max_slowdown": "fast"})

@@ -13,7 +13,7 @@ from vllm.v1.kv_offload.base import (CanonicalKVCacheRef, CanonicalKVCaches,
                                      CanonicalKVCacheTensor, GPULoadStoreSpec)
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
-import kvoffload.handler
+import kvoffload.job_methods
 from kvoffload.vllm import KVOffloadWorker
 
 @pytest.mark.parametrize("case", CASES.keys())
@@ -88,7 +88,7 @@ class Gate:
 
     def __init__(self, monkeypatch):
         self.blocked, self.fail, self._open = set(), set(), threading.Event()
-        real = kvoffload.handler.host_copy
+        real = kvoffload.job_methods.host_copy
 
         def copy(src, dst, sizes, **kwargs):
             if set(np.asarray(dst).tolist()) & self.fail:
@@ -97,7 +97,7 @@ class Gate:
                 assert self._open.wait(60)
             return real(src, dst, sizes, **kwargs)
 
-        monkeypatch.setattr(kvoffload.handler, "host_copy", copy)
+        monkeypatch.setattr(kvoffload.job_methods, "host_copy", copy)
 
     def release(self):
         self._open.set()

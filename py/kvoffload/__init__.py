@@ -17,10 +17,12 @@ from kvoffload.batch_copy import (
     staged_copy,
     stream_device,
 )
+from kvoffload.auto import Auto
 from kvoffload.calibration import CalibrationCacheError
 from kvoffload.handler import OffloadHandler, TransferResult
 from kvoffload.host_pool import PoolNotReadyError, PoolOptions
 from kvoffload.ordering import UnsafeCopyError
+from kvoffload.page_methods import Pages
 from kvoffload.planner import CPUSpec, GPUSpec
 from kvoffload.pool_memory import PinnedMemoryError
 from kvoffload.registry import UNCHECKED, MemoryRegistry
@@ -32,6 +34,8 @@ __all__ = [
     "GPUSpec",
     "CPUSpec",
     "PoolOptions",
+    "Pages",
+    "Auto",
     "TransferResult",
     "PinnedMemoryError",
     "PoolNotReadyError",

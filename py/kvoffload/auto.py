@@ -12,8 +12,10 @@ host side scattered, which its DMA of small copies holds it to.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
+from typing import ClassVar
 
 import numpy as np
 
@@ -92,6 +94,22 @@ def chosen(src, dst, sizes, stream=None, *, direction: Direction | str,
     host = direction.host_of(src, dst)
     mean = float(sizes.mean()) if len(sizes) else 0.0
     return choose(cal, direction, mean, mean_host_run(host, sizes), max_slowdown)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Auto:
+    """method="auto" as a copy method object, with its own ``max_slowdown``."""
+
+    max_slowdown: float | None = MAX_SLOWDOWN
+    name: ClassVar[str] = "auto"
+
+    def __post_init__(self):
+        check_max_slowdown(self.max_slowdown)
+
+    def __call__(self, src, dst, sizes, stream=None, *, direction: Direction | str,
+                 order=SrcAccessOrder.STREAM, registry) -> CopyResult:
+        return copy(src, dst, sizes, stream, direction=direction, max_slowdown=self.max_slowdown,
+                    order=order, registry=registry)
 
 
 def check_max_slowdown(max_slowdown) -> None:

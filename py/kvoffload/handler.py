@@ -44,19 +44,19 @@ from typing import Hashable, Iterable, Sequence
 
 import numpy as np
 
-from kvoffload import _C, auto, calibration, page_methods
-from kvoffload.descriptor_pool import DescriptorPool
+from kvoffload import calibration
+from kvoffload.auto import Auto
+from kvoffload.batch_copy import batch_entry_point_version, load_kernels
 from kvoffload.host_pool import HostPool, PoolOptions
-from kvoffload.pool_layout import check_places, chunk_runs, chunks_reach, kv_layout, pool_bytes, tensor_owners
+from kvoffload.job_methods import JobCopy, Method, PageJobs, PlannedJobs, method_object
 from kvoffload.lane_accesses import LaneAccesses, LazyKeys
 from kvoffload.lane_conflicts import LaneConflicts
-from kvoffload.page_table import ChunkParts, job_arguments, job_names, key_offsets, page_table, transfer_plan
-from kvoffload.ordering import PendingWrites, safe_order
+from kvoffload.page_methods import Pages
+from kvoffload.page_table import ChunkParts, job_arguments, job_names, key_offsets, page_table
 from kvoffload.planner import (CPUSpec, GPUSpec, KVLayout, _require_int, check_shared, chunks_used,
                                tensor_pages)
-from kvoffload.batch_copy import batch_entry_point_version, host_copy, load_kernels
-from kvoffload.copy_methods import copy_method
-from kvoffload.registry import UNCHECKED, MemoryRegistry, tensor_span
+from kvoffload.pool_layout import check_places, chunk_runs, chunks_reach, kv_layout, pool_bytes, tensor_owners
+from kvoffload.registry import MemoryRegistry, tensor_span
 from kvoffload.transfer_lanes import CudaLanes, HostLanes
 from kvoffload.vocabulary import Direction, MemoryKind
 
@@ -82,7 +82,7 @@ class _Job:
     lane: str
     bytes: int
     keys: LazyKeys | None  # flat GPU block and CPU part numbers (page_table.key_offsets), until started
-    descriptors: np.ndarray | None = None
+    copy: JobCopy | None = None  # what it runs; its method's to release once retired
     handle: object = None
     seq: int = 0  # submission number
 
@@ -96,11 +96,6 @@ def _job_keys(table, gpu_offset, cpu_offset, parts, prepared, group_sizes):
     job retires, and a reference to the handler would keep a dropped handler's pool."""
     gpu_keys, cpu_keys = table.keys(prepared, gpu_offset, cpu_offset)
     return gpu_keys, parts.keys(cpu_keys, group_sizes, cpu_offset)
-
-
-def bpc_bytes(layout, tensor) -> int:
-    """Bytes of one tensor's sub-blocks in a chunk."""
-    return layout.blocks_per_chunk * tensor.page_bytes
 
 
 def _check_specs(gpu, cpu) -> None:
@@ -136,31 +131,27 @@ class OffloadHandler:
     host_buffer, for a pool laid out by someone else (kvoffload.pool_layout), in place of
     cpu_layout. host_pool: how the pool is made and pinned otherwise
     (kvoffload.host_pool.PoolOptions: shared, huge pages, in the background). method:
-    how jobs copy on a GPU. The page methods send each job as ids (kvoffload.page_table):
-    "pages" (the default) chooses per direction from the layout (kvoffload.page_methods;
-    ``methods`` says what it chose), "pages_dma" sends every page by the driver's batch
-    copy, "pages_staged" moves host runs by DMA through a staging ring and scatters or
-    gathers the HBM side with a kernel of ``page_ctas`` CTAs, "pages_kernel" has that
-    kernel reach the pool itself. "auto",
-    "batch", "per_copy", "kernel", "staged", "kernel_ctas2" and "kernel_ctas4" (or a
-    kvoffload.copy_methods object with its own options) plan every page on the host and
-    copy raw pointers (kvoffload.auto); "auto" picks among the others the fastest that
-    slows a model beside it by at most ``max_slowdown`` (None: the fastest alone). With
-    "auto", a device without a cached calibration is measured here
-    (kvoffload.calibration), taking a few minutes and 1 GiB each of pinned and device
-    memory for the while.
+    how jobs copy on a GPU, a name or an object with its own options
+    (kvoffload.job_methods). The page methods (``Pages(path, ctas)``) send each job as
+    ids (kvoffload.page_table): "pages" (the default) chooses per direction from the
+    layout (kvoffload.page_methods; ``methods`` says what it chose), "pages_dma" sends
+    every page by the driver's batch copy, "pages_staged" moves host runs by DMA through
+    a staging ring and scatters or gathers the HBM side with a kernel, "pages_kernel" has
+    that kernel reach the pool itself. "auto" (``Auto(max_slowdown)``), "batch",
+    "per_copy", "kernel", "staged", "kernel_ctas2" and "kernel_ctas4" (or a
+    kvoffload.copy_methods object) plan every page on the host and copy raw pointers;
+    "auto" picks among the others the fastest that slows a model beside it by at most
+    ``max_slowdown`` (kvoffload.auto). With "auto", a device without a cached calibration
+    is measured here (kvoffload.calibration), taking a few minutes and 1 GiB each of
+    pinned and device memory for the while.
     """
-
-    PAGE_METHODS = page_methods.METHODS
 
     COLLECTED_IDS_KEPT = 1 << 14  # see wait()
 
     def __init__(self, gpu_tensors: Sequence[Sequence], num_cpu_chunks: int | Sequence[int],
                  blocks_per_chunk: int, *, page_bytes: Sequence[int] | None = None,
                  cpu_layout: str = "chunk_major", host_buffer=None, cpu_places=None,
-                 expedited_loads: bool = False,
-                 method: str = "pages", max_slowdown: float | None = auto.MAX_SLOWDOWN,
-                 page_ctas: int = page_methods.PAGE_CTAS,
+                 expedited_loads: bool = False, method: Method = "pages",
                  host_pool: PoolOptions | None = None):
         import torch
 
@@ -184,16 +175,7 @@ class OffloadHandler:
         if host_buffer is not None and not isinstance(host_buffer, torch.Tensor):
             raise TypeError(f"host_buffer: expected a CPU torch tensor, got {type(host_buffer).__name__}")
         pages = tensor_pages(gpu_tensors, page_bytes)
-        if not (isinstance(method, str) and method in ("auto",) + self.PAGE_METHODS):
-            try:
-                method = copy_method(method)
-            except ValueError:
-                raise ValueError(f"method: expected one of {('auto',) + auto.METHODS + self.PAGE_METHODS} "
-                                 f"or a kvoffload.copy_methods object, got {method!r}") from None
-        _require_int("page_ctas", page_ctas, 1)
-        if page_ctas > 1 << 16:
-            raise ValueError(f"page_ctas: expected at most {1 << 16}, got {page_ctas}")
-        auto.check_max_slowdown(max_slowdown)
+        method = method_object(method)
 
         on_gpu = device.type == "cuda"
         if on_gpu:
@@ -243,39 +225,22 @@ class OffloadHandler:
             self.pool.release()  # a host_buffer page-locked here is unlocked again
             raise
         self.gpu_tensors = gpu_tensors
-        self._gpu_kind = MemoryKind.DEVICE if on_gpu else MemoryKind.HOST
         lanes = [Direction.STORE.value, Direction.LOAD.value] + (["expedited"] if expedited_loads else [])
-        if on_gpu and method == "auto":
+        if on_gpu and isinstance(method, Auto):
             calibration.calibration(device.index)  # loaded, or measured now, not in the first job
-        self._method, self._max_slowdown, self._page_ctas = method, max_slowdown, page_ctas
         # Checks every job's ids and keys it; for page methods also copies.
         self._table = page_table(self.layout, self.pool.registration_edges)
-        self._pages = None
-        self._paths = (page_methods.choose(method, self.layout, batch_entry_point_version() > 0)
-                       if on_gpu and method in self.PAGE_METHODS else None)
-        if on_gpu and method in self.PAGE_METHODS:
-            # Every page a job names lies inside these extents, checked once here; a job
-            # then needs only its ids checked.
-            self._pages = self._table
-            for g, group in enumerate(self.layout.groups):
-                for t in group.tensors:
-                    if group.num_gpu_blocks:
-                        gpu_span = (group.num_gpu_blocks - 1) * t.gpu_stride + t.page_bytes
-                        self.registry.check([t.gpu_base], [gpu_span], MemoryKind.DEVICE, f"group {g} GPU extent")
-                    if group.num_cpu_chunks:
-                        cpu_span = (group.num_cpu_chunks - 1) * t.cpu_stride + bpc_bytes(self.layout, t)
-                        self.registry.check([t.cpu_base], [cpu_span], MemoryKind.HOST, f"group {g} CPU extent")
-        if self._paths is not None:
-            logger.info("kvoffload: %s page bytes on average: stores by %s, loads by %s",
-                        f"{page_methods.mean_page_bytes(self.layout):.0f}",
-                        page_methods.name(self._paths[Direction.STORE]),
-                        page_methods.name(self._paths[Direction.LOAD]))
+        if not on_gpu:
+            self._jobs = PlannedJobs(None, self._table, self.pool, self.registry, MemoryKind.HOST)
+        elif isinstance(method, Pages):
+            self._jobs = PageJobs(method, self.layout, self._table, self.registry, batch_entry_point_version() > 0)
+        else:
+            self._jobs = PlannedJobs(method, self._table, self.pool, self.registry, MemoryKind.DEVICE)
         self._device = device
         self._lanes = CudaLanes(torch, device, lanes) if on_gpu else HostLanes(lanes)
         # A handler dropped without shutdown() ends its lanes before its pool goes.
         weakref.finalize(self, _close_quietly, self._lanes)
         self._expedited = expedited_loads
-        self._descriptors = DescriptorPool()
         self._lock = threading.RLock()
         self._in_flight: dict[Hashable, _Job] = {}
         self._lane_jobs = {lane: collections.deque() for lane in lanes}  # in flight, oldest first
@@ -331,8 +296,6 @@ class OffloadHandler:
     def _transfer(self, job_id: Hashable, direction: Direction, gpu: GPUSpec, cpu: CPUSpec,
                   expedite: bool) -> bool:
         self._check_process()
-        if self._pages is not None:  # page jobs check no copies (the registry's check_copies does)
-            self.registry.check_tensors()
         self._wait_for_pinning(gpu, cpu, job_id)  # before the lock: other threads' calls go on
         with self._lock:
             self._start_unstarted()
@@ -341,17 +304,11 @@ class OffloadHandler:
                 raise ValueError(f"job_id: {job_id!r} is already in use")
             if expedite and (direction is Direction.STORE or not self._expedited):
                 raise ValueError("expedite: only for loads, on a handler made with expedited_loads=True")
-            plan = None
             ids = job_arguments(gpu, cpu)
             # Checks the ids (the page methods' only check, besides shared tensors).
             prepared = self._table.prepare(*ids, names=job_names(gpu, cpu))
             check_shared(self.layout, gpu, cpu)
-            if self._pages is not None:
-                nbytes = sum(n * t.page_bytes for n, group in zip(gpu.group_sizes, self.layout.groups)
-                             for t in group.tensors)
-            else:
-                plan = self.pool.split_plan(transfer_plan(self._table, prepared))
-                nbytes = plan.total_bytes
+            nbytes, plan = self._jobs.plan(prepared, gpu)
             used = [chunks_used(n, b, self.layout.blocks_per_chunk)
                     for n, b in zip(gpu.group_sizes, gpu.block_indices)]
             self.pool.require_pinned(chunks_reach(self.layout, cpu.chunk_ids, used), job_id)
@@ -387,58 +344,27 @@ class OffloadHandler:
             pass
 
     def _submit(self, job: _Job, plan, prepared) -> bool:
-        direction = job.direction
-        load = direction is Direction.LOAD
-        failed = self._accesses.first_failed(Direction.STORE.value, "cpu", job.keys()[1]) \
-            if load and self._accesses.has_failed(Direction.STORE.value) else None
-        partial = [] if failed is None else [failed]
-        seq = self._submitted + 1
-        deferred = self._pages is not None  # see self._conflicts
-        waits, sources = ([], []) if deferred else self._conflicts.resolve(job.lane, job.writes_cpu, job.keys)
-        if plan is not None:
-            pending = (PendingWrites.YES if sources else PendingWrites.NO) if load else PendingWrites.UNKNOWN
-            order = safe_order(*direction.kinds, pending)
-            src, dst, sizes = plan.load() if load else plan.store()
-            self.registry.check_copies(src, dst, sizes, *direction.ends(MemoryKind.HOST, self._gpu_kind))
-        if partial:
+        store = Direction.STORE.value
+        failed = self._accesses.first_failed(store, "cpu", job.keys()[1]) \
+            if job.direction is Direction.LOAD and self._accesses.has_failed(store) else None
+        if failed is not None:
             self._finished[job.job_id] = TransferResult(
                 job.job_id, False, job.direction, job.bytes, 0.0,
-                f"reads CPU chunks left partial by failed store {partial[0]!r}; nothing copied")
+                f"reads CPU chunks left partial by failed store {failed!r}; nothing copied")
             return False
-
-        descriptors = None
-        if plan is None:
-            # The job already waits for conflicting stores; DMA loads choose their order as
-            # they are enqueued (_quiet_source_reads), the ring and the kernel read in stream order.
-            # Expedited loads take a ring of their own: they never queue behind the load lane's.
-            copy = functools.partial(self._pages.copy_job, prepared, load=load,
-                                     path=self._paths[direction], max_ctas=self._page_ctas,
-                                     ring=int(job.lane == "expedited"))
-        else:
-            descriptors = self._descriptors.acquire(src, dst, sizes)
-            n = len(sizes)
-            rows = (descriptors[0, :n], descriptors[1, :n], descriptors[2, :n])
-            if isinstance(self._lanes, HostLanes):
-                copy = functools.partial(host_copy, *rows, registry=UNCHECKED)
-            elif self._method == "auto":
-                copy = functools.partial(auto.copy, *rows, direction=direction, max_slowdown=self._max_slowdown,
-                                         order=order, registry=UNCHECKED)
-            else:
-                copy = functools.partial(self._method, *rows, direction=direction, order=order,
-                                         registry=UNCHECKED)
+        seq = self._submitted + 1
+        on_lane = self._jobs.resolves_on_lane  # see self._conflicts
+        waits, sources = ([], []) if on_lane else self._conflicts.resolve(job.lane, job.writes_cpu, job.keys)
+        resolve = functools.partial(self._conflicts.resolve_and_add, job.lane, seq, job.writes_cpu,
+                                    job.keys) if on_lane else None
+        copy = self._jobs.copy(job, prepared, plan, sources, resolve, self._lanes.done)
         try:
-            resolve = functools.partial(self._conflicts.resolve_and_add, job.lane, seq, job.writes_cpu,
-                                        job.keys) if deferred else None
-            if load and plan is None and self._paths[direction] == page_methods.PagePath.DMA:
-                copy, resolve = _quiet_source_reads(copy, resolve, self._lanes.done)
-            job.handle = self._lanes.make(job.lane, copy, waits, failing_with=sources,
-                                          pipelined=plan is None and self._paths[direction] == page_methods.PagePath.STAGED,
-                                          resolve=resolve)
+            job.handle = self._lanes.make(job.lane, copy.copy, waits, failing_with=sources,
+                                          pipelined=copy.pipelined, resolve=copy.resolve)
         except BaseException:  # nothing runs
-            if descriptors is not None:
-                self._descriptors.release(descriptors)
+            self._jobs.release(copy)
             raise
-        job.descriptors = descriptors
+        job.copy = copy
         job.seq = self._submitted = seq
         # Bookkept before it can run, so later jobs see it. An interrupt that stops it
         # from being started leaves it in _unstarted, for the next call to start.
@@ -470,7 +396,7 @@ class OffloadHandler:
     def _record(self, job: _Job) -> None:
         """Notes a job about to start, where later jobs will look for it (idempotent)."""
         self._accesses.record(job.lane, job.keys, job.seq)
-        if self._pages is None:  # else its resolve adds it, on its lane's enqueue thread
+        if not self._jobs.resolves_on_lane:  # else its resolve adds it, on its lane's enqueue thread
             self._conflicts.add(job.lane, job.seq, job.writes_cpu, job.keys, job.handle)
 
     def get_finished(self) -> list[TransferResult]:
@@ -547,16 +473,11 @@ class OffloadHandler:
     @property
     def methods(self) -> dict[str, str]:
         """The method each direction's jobs take, by direction ("store", "load")."""
-        if self._paths is not None:
-            return {d.value: page_methods.name(p) for d, p in self._paths.items()}
-        if isinstance(self._lanes, HostLanes):
-            return {d.value: "host" for d in Direction}
-        name = self._method if isinstance(self._method, str) else self._method.name
-        return {d.value: name for d in Direction}
+        return self._jobs.methods
 
     @property
     def descriptor_arrays_allocated(self) -> int:
-        return self._descriptors.allocated
+        return self._jobs.descriptor_arrays_allocated
 
     def _collect(self) -> None:
         """Retires the finished jobs: a lane's jobs finish in order, so only each lane's
@@ -574,9 +495,8 @@ class OffloadHandler:
                 jobs.popleft()
                 self._in_flight.pop(job.job_id, None)
                 self._lanes.recycle(job.handle)
-                descriptors, job.descriptors = job.descriptors, None
-                if descriptors is not None:
-                    self._descriptors.release(descriptors)
+                if job.copy is not None:
+                    self._jobs.release(job.copy)
 
     def _note_failure(self, job: _Job) -> None:
         if job.writes_cpu:
@@ -600,22 +520,4 @@ class OffloadHandler:
 
     def __exit__(self, *exc):
         self.shutdown()
-
-
-def _quiet_source_reads(copy, resolve, done):
-    """A DMA page load's (copy, resolve): the copy reads the pool out of stream order
-    (SrcAccessOrder.ANY, as vLLM's worker reads its loads) when no store it reads from is
-    still in flight as it is enqueued, and in stream order (after the stores) when one is."""
-    stores = []
-
-    def resolve_noting_stores(handle):
-        waits, sources = resolve(handle)
-        stores[:] = sources
-        return waits, sources
-
-    def copy_in_order(stream):
-        quiet = all(done(store) for store in stores)
-        return copy(stream=stream, src_order=_C.SrcAccessOrder.ANY if quiet else _C.SrcAccessOrder.STREAM)
-
-    return copy_in_order, resolve_noting_stores
 

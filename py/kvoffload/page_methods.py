@@ -10,6 +10,11 @@ bench/results/README.md, the method-per-layout runs).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
+import numpy as np
+
 from kvoffload import _C
 from kvoffload.vocabulary import Direction
 
@@ -28,12 +33,40 @@ def mean_page_bytes(layout) -> float:
     return sum(pages) / len(pages) if pages else 0.0
 
 
-def choose(method: str, layout, batch_copy: bool = True) -> dict[Direction, PagePath]:
-    """Each direction's path for a page method (one of METHODS). batch_copy: whether the
-    driver has cuMemcpyBatchAsync; without it DMA goes one driver call a page, and
-    "pages" keeps to the ring."""
-    if method in FORCED:
-        return {d: FORCED[method] for d in Direction}
+@dataclasses.dataclass(frozen=True)
+class Pages:
+    """A handler's page method: each job goes to the GPU as ids. ``path``: every page by
+    that PagePath, or None ("pages") to choose per direction from the layout (``choose``).
+    ``ctas``: the gather and scatter kernels' CTAs."""
+
+    path: PagePath | None = None
+    ctas: int = PAGE_CTAS
+    MAX_CTAS: ClassVar[int] = 1 << 16
+
+    def __post_init__(self):
+        if self.path is not None and self.path not in FORCED.values():
+            raise ValueError(f"path: expected None or one of {list(FORCED.values())}, got {self.path!r}")
+        if not isinstance(self.ctas, (int, np.integer)) or isinstance(self.ctas, bool):
+            raise TypeError(f"ctas: expected an int, got {type(self.ctas).__name__}")
+        if not 1 <= self.ctas <= self.MAX_CTAS:
+            raise ValueError(f"ctas: must be in [1, {self.MAX_CTAS}], got {self.ctas}")
+
+    @classmethod
+    def named(cls, method: str) -> Pages:
+        """The page method of that name (one of METHODS)."""
+        return cls(FORCED[method]) if method in FORCED else cls()
+
+    @property
+    def name(self) -> str:
+        return "pages" if self.path is None else name(self.path)
+
+
+def choose(method: Pages, layout, batch_copy: bool = True) -> dict[Direction, PagePath]:
+    """Each direction's path for a page method. batch_copy: whether the driver has
+    cuMemcpyBatchAsync; without it DMA goes one driver call a page, and "pages" keeps
+    to the ring."""
+    if method.path is not None:
+        return {d: method.path for d in Direction}
     page = mean_page_bytes(layout)
     return {d: PagePath.DMA if batch_copy and page >= DMA_FROM_PAGE_BYTES[d] else PagePath.STAGED
             for d in Direction}

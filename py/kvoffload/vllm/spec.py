@@ -8,13 +8,28 @@ import re
 
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
+from kvoffload.auto import Auto
 from kvoffload.host_pool import PoolOptions
 from kvoffload.shm_file import unguessable_name
 from kvoffload.vllm.worker import KVOffloadWorker
 
 # kv_connector_extra_config keys read here; anything else goes to vLLM's spec.
-HANDLER_OPTIONS = {"kvoffload_method": "method", "kvoffload_max_slowdown": "max_slowdown",
-                   "kvoffload_cpu_layout": "cpu_layout"}
+HANDLER_OPTIONS = {"kvoffload_method": "method", "kvoffload_cpu_layout": "cpu_layout"}
+MAX_SLOWDOWN = "kvoffload_max_slowdown"  # Auto's option, with "kvoffload_method": "auto"
+
+
+def handler_options(extra_config) -> dict:
+    """OffloadHandler's keyword arguments from vLLM's kv_connector_extra_config."""
+    options = {option: extra_config[key] for key, option in HANDLER_OPTIONS.items() if key in extra_config}
+    if MAX_SLOWDOWN in extra_config:
+        if options.get("method") != "auto":
+            raise ValueError(f"kv_connector_extra_config: {MAX_SLOWDOWN} is an option of "
+                             f"\"kvoffload_method\": \"auto\", got method {options.get('method', 'pages')!r}")
+        try:
+            options["method"] = Auto(extra_config[MAX_SLOWDOWN])
+        except ValueError as e:
+            raise ValueError(f"kv_connector_extra_config: {MAX_SLOWDOWN}: {e}") from None
+    return options
 
 
 def shared_pool_name(engine_id) -> str:
@@ -43,10 +58,7 @@ class KVOffloadSpec(CPUOffloadingSpec):
         return True  # a HostPool can be one file shared by the ranks
 
     def create_worker(self, kv_caches) -> KVOffloadWorker:
-        options = {}
-        for key, option in HANDLER_OPTIONS.items():
-            if key in self.extra_config:
-                options[option] = self.extra_config[key]
+        options = handler_options(self.extra_config)
         if self.replicated_layout:
             name = unguessable_name(shared_pool_name(self.config.engine_id), share=self._share_pool_name)
             options["host_pool"] = PoolOptions(shm_name=name)

@@ -17,7 +17,7 @@ from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from kvoffload.vllm.region_worker import KVOffloadRegionWorker
-from kvoffload.vllm.spec import HANDLER_OPTIONS
+from kvoffload.vllm.spec import handler_options
 
 
 class KVOffloadTieringSpec(TieringOffloadingSpec):
@@ -39,8 +39,7 @@ class KVOffloadTieringSpec(TieringOffloadingSpec):
                 f"kv_connector_extra_config: canonical_layout=True needs one GPU block per offloaded "
                 f"block; block_size={self.extra_config.get('block_size')!r} makes blocks_per_chunk="
                 f"{self.blocks_per_chunk}")
-        options = {option: self.extra_config[key] for key, option in HANDLER_OPTIONS.items()
-                   if key in self.extra_config}
+        options = handler_options(self.extra_config)
         rank = 0 if self.replicated_layout else self.config.parallel.rank
         region = SharedOffloadRegion(
             engine_id=self._engine_id,

@@ -69,7 +69,7 @@ def group_tensors(kv_caches: CanonicalKVCaches, views: list) -> tuple[list, list
 class KVOffloadWorker(OffloadingWorker):
     """Moves blocks between vLLM's KV-cache tensors and a host pool of ``num_cpu_chunks``
     chunks of ``blocks_per_chunk`` blocks. Keyword arguments go to OffloadHandler
-    (``method``, ``max_slowdown``, ``cpu_layout``, ``host_buffer``). Given CPU tensors, jobs
+    (``method``, ``cpu_layout``, ``host_buffer``). Given CPU tensors, jobs
     run on host threads."""
 
     def __init__(self, kv_caches: CanonicalKVCaches, blocks_per_chunk: int, num_cpu_chunks: int,

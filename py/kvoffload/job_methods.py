@@ -1,0 +1,178 @@
+"""How a handler copies its jobs: one object per kind of method, made with the handler,
+each with one interface: ``plan`` a job at submission, then make its ``copy``.
+
+PageJobs sends a job to the GPU as ids (kvoffload.page_table); the jobs it must wait for
+are found on its lane's enqueue thread. PlannedJobs plans every page on the host, checks
+every copy against the registry and copies raw pointers with a copy method
+(kvoffload.copy_methods, auto.Auto), or with the host copy where there is no GPU; the
+jobs it waits for are found at submission.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Callable, Union
+
+from kvoffload import _C, page_methods
+from kvoffload.auto import METHODS as COPY_METHODS
+from kvoffload.auto import Auto
+from kvoffload.batch_copy import host_copy
+from kvoffload.copy_methods import CopyMethod, copy_method
+from kvoffload.descriptor_pool import DescriptorPool
+from kvoffload.ordering import PendingWrites, safe_order
+from kvoffload.page_methods import PagePath, Pages
+from kvoffload.page_table import transfer_plan
+from kvoffload.registry import UNCHECKED
+from kvoffload.vocabulary import Direction, MemoryKind
+
+logger = logging.getLogger(__name__)
+
+Method = Union[str, Pages, Auto, CopyMethod]
+NAMES = ("auto",) + COPY_METHODS + page_methods.METHODS
+
+
+def method_object(method: Method) -> Pages | Auto | CopyMethod:
+    """The method a handler's ``method`` names, or the object itself."""
+    if isinstance(method, (Pages, Auto)):
+        return method
+    if isinstance(method, str) and method == "auto":
+        return Auto()
+    if isinstance(method, str) and method in page_methods.METHODS:
+        return Pages.named(method)
+    try:
+        return copy_method(method)
+    except ValueError:
+        raise ValueError(f"method: expected one of {NAMES}, or a kvoffload.Pages, kvoffload.Auto or "
+                         f"kvoffload.copy_methods object, got {method!r}") from None
+
+
+@dataclasses.dataclass
+class JobCopy:
+    """What a job runs on its lane: ``copy(stream)``; ``resolve(handle)`` on the lane's
+    enqueue thread gives (waits, sources), or None where they were given at submission;
+    ``pipelined``: the copy's stages may overlap the lane's next job's (the ring)."""
+
+    copy: Callable
+    resolve: Callable | None = None
+    pipelined: bool = False
+    descriptors: object = None  # PlannedJobs' arrays, given back by release()
+
+
+class PageJobs:
+    """A page method on a GPU: every page a job names lies inside the extents checked
+    here once, so a job needs only its ids checked (by the page table, at submission)."""
+
+    resolves_on_lane = True
+    descriptor_arrays_allocated = 0
+
+    def __init__(self, method: Pages, layout, table, registry, batch_copy: bool):
+        self._layout, self._table, self._registry, self._ctas = layout, table, registry, method.ctas
+        self.paths = page_methods.choose(method, layout, batch_copy)
+        for g, group in enumerate(layout.groups):
+            for t in group.tensors:
+                if group.num_gpu_blocks:
+                    gpu_span = (group.num_gpu_blocks - 1) * t.gpu_stride + t.page_bytes
+                    registry.check([t.gpu_base], [gpu_span], MemoryKind.DEVICE, f"group {g} GPU extent")
+                if group.num_cpu_chunks:
+                    cpu_span = (group.num_cpu_chunks - 1) * t.cpu_stride + t.page_bytes * layout.blocks_per_chunk
+                    registry.check([t.cpu_base], [cpu_span], MemoryKind.HOST, f"group {g} CPU extent")
+        logger.info("kvoffload: %s page bytes on average: stores by %s, loads by %s",
+                    f"{page_methods.mean_page_bytes(layout):.0f}",
+                    page_methods.name(self.paths[Direction.STORE]), page_methods.name(self.paths[Direction.LOAD]))
+
+    @property
+    def methods(self) -> dict[str, str]:
+        return {d.value: page_methods.name(p) for d, p in self.paths.items()}
+
+    def plan(self, prepared, gpu) -> tuple[int, None]:
+        """(bytes, plan) of a job. Page jobs check no copies, so the tensors' storage is
+        checked here (the registry's check_copies does it for planned jobs)."""
+        del prepared
+        self._registry.check_tensors()
+        groups = self._layout.groups
+        return sum(n * t.page_bytes for n, group in zip(gpu.group_sizes, groups) for t in group.tensors), None
+
+    def copy(self, job, prepared, plan, sources, resolve, done) -> JobCopy:
+        """Expedited loads take a ring of their own: they never queue behind the load
+        lane's. DMA loads choose their source order as they are enqueued
+        (_quiet_source_reads); the ring and the kernel read in stream order."""
+        del plan, sources
+        load = job.direction is Direction.LOAD
+        path = self.paths[job.direction]
+        copy = functools.partial(self._table.copy_job, prepared, load=load, path=path, max_ctas=self._ctas,
+                                 ring=int(job.lane == "expedited"))
+        if load and path == PagePath.DMA:
+            copy, resolve = _quiet_source_reads(copy, resolve, done)
+        return JobCopy(copy, resolve, pipelined=path == PagePath.STAGED)
+
+    def release(self, copy: JobCopy) -> None:
+        pass
+
+
+class PlannedJobs:
+    """A raw-pointer copy method (or, with ``method`` None, the host copy on CPU tensors)
+    over copies planned on the host, in a pool's pieces."""
+
+    resolves_on_lane = False
+
+    def __init__(self, method: Auto | CopyMethod | None, table, pool, registry, gpu_kind: MemoryKind):
+        self._method, self._table, self._pool = method, table, pool
+        self._registry, self._gpu_kind = registry, gpu_kind
+        self._descriptors = DescriptorPool()
+
+    @property
+    def methods(self) -> dict[str, str]:
+        return {d.value: "host" if self._method is None else self._method.name for d in Direction}
+
+    @property
+    def descriptor_arrays_allocated(self) -> int:
+        return self._descriptors.allocated
+
+    def plan(self, prepared, gpu):
+        """(bytes, plan) of a job: its copies, cut where the pool's pieces end."""
+        del gpu
+        plan = self._pool.split_plan(transfer_plan(self._table, prepared))
+        return plan.total_bytes, plan
+
+    def copy(self, job, prepared, plan, sources, resolve, done) -> JobCopy:
+        """A load may read its source out of stream order where no store it reads is in
+        flight (kvoffload.ordering); every copy is checked against the registry first."""
+        del prepared, resolve, done
+        load = job.direction is Direction.LOAD
+        pending = (PendingWrites.YES if sources else PendingWrites.NO) if load else PendingWrites.UNKNOWN
+        order = safe_order(*job.direction.kinds, pending)
+        src, dst, sizes = plan.load() if load else plan.store()
+        self._registry.check_copies(src, dst, sizes, *job.direction.ends(MemoryKind.HOST, self._gpu_kind))
+        descriptors = self._descriptors.acquire(src, dst, sizes)
+        n = len(sizes)
+        rows = (descriptors[0, :n], descriptors[1, :n], descriptors[2, :n])
+        if self._method is None:
+            copy = functools.partial(host_copy, *rows, registry=UNCHECKED)
+        else:
+            copy = functools.partial(self._method, *rows, direction=job.direction, order=order, registry=UNCHECKED)
+        return JobCopy(copy, descriptors=descriptors)
+
+    def release(self, copy: JobCopy) -> None:
+        if copy.descriptors is not None:
+            self._descriptors.release(copy.descriptors)
+            copy.descriptors = None
+
+
+def _quiet_source_reads(copy, resolve, done):
+    """A DMA page load's (copy, resolve): the copy reads the pool out of stream order
+    (SrcAccessOrder.ANY, as vLLM's worker reads its loads) when no store it reads from is
+    still in flight as it is enqueued, and in stream order (after the stores) when one is."""
+    stores = []
+
+    def resolve_noting_stores(handle):
+        waits, sources = resolve(handle)
+        stores[:] = sources
+        return waits, sources
+
+    def copy_in_order(stream):
+        quiet = all(done(store) for store in stores)
+        return copy(stream=stream, src_order=_C.SrcAccessOrder.ANY if quiet else _C.SrcAccessOrder.STREAM)
+
+    return copy_in_order, resolve_noting_stores
