@@ -28,7 +28,7 @@ import numpy as np
 from absl import app, flags
 
 import kvoffload as kv
-from kvoffload import calibration, compute_loop, meter
+from kvoffload import calibration, compute_loop, meter, page_methods
 from kvoffload.handler import OffloadHandler
 from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
 from kvoffload.steady_copies import BulkCopies, HandlerAsWorker, WorkerCopies
@@ -75,9 +75,9 @@ def job_specs(rng, groups, n, blocks, chunks, bpc, half=None):
 def make_handler(cache, chunks, bpc, method):
     """An OffloadHandler for a --methods entry."""
     base, _, ctas = method.partition("_ctas")
-    if ctas:
+    if ctas and base in page_methods.METHODS:
         return OffloadHandler(cache, chunks, bpc, method=dataclasses.replace(kv.Pages.named(base), ctas=int(ctas)))
-    return OffloadHandler(cache, chunks, bpc, method=base)
+    return OffloadHandler(cache, chunks, bpc, method=method)
 
 
 def submit(handler, specs, direction, first_id=0):

@@ -55,3 +55,5 @@ def test_a_page_method_object_names_its_bad_options():
     assert page_methods.Pages(PagePath.DMA, ctas=4).name == "pages_dma"
     assert page_methods.Pages().name == "pages"
     assert page_methods.Pages.named("pages") == page_methods.Pages()
+    with pytest.raises(ValueError, match="method: expected one of"):
+        page_methods.Pages.named("kernel")

@@ -5,6 +5,7 @@ finish(), never raised; done() and wait() answer from any thread; close() ends t
 threads. Orders and timings are random, from seeded generators."""
 
 import gc
+import inspect
 import threading
 import types
 import time
@@ -14,7 +15,7 @@ import weakref
 import numpy as np
 import pytest
 
-from kvoffload.transfer_lanes import CONNECTIONS, CudaLanes, HostLanes, connections_advice
+from kvoffload.transfer_lanes import CONNECTIONS, CudaLanes, HostLanes, Lanes, connections_advice
 
 LANES = ["store", "load", "expedited"]
 TIMEOUT = 10.0  # seconds; every wait here ends within milliseconds unless lanes hang
@@ -632,3 +633,13 @@ def test_a_wait_for_a_recycled_job_does_not_follow_the_job_given_its_events():
     lanes.wait(waiting)
     assert not ops["waiting"].follows(ops["later"])
     lanes.close()
+
+
+def test_both_kinds_of_lanes_take_the_protocols_calls():
+    calls = [name for name in vars(Lanes) if not name.startswith("_")]
+    assert len(calls) == 9
+    for cls in (CudaLanes, HostLanes):
+        for name in calls:
+            want = [p for p in inspect.signature(getattr(Lanes, name)).parameters if p != "self"]
+            got = [p for p in inspect.signature(getattr(cls, name)).parameters if p != "self"]
+            assert got == want, (cls.__name__, name)

@@ -57,7 +57,7 @@ from kvoffload.planner import (CPUSpec, GPUSpec, KVLayout, _require_int, check_s
                                tensor_pages)
 from kvoffload.pool_layout import check_places, chunk_runs, chunks_reach, kv_layout, pool_bytes, tensor_owners
 from kvoffload.registry import MemoryRegistry, tensor_span
-from kvoffload.transfer_lanes import CudaLanes, HostLanes
+from kvoffload.transfer_lanes import CudaLanes, HostLanes, Lanes
 from kvoffload.vocabulary import Direction, MemoryKind
 
 logger = logging.getLogger(__name__)
@@ -231,13 +231,13 @@ class OffloadHandler:
         # Checks every job's ids and keys it; for page methods also copies.
         self._table = page_table(self.layout, self.pool.registration_edges)
         if not on_gpu:
-            self._jobs = PlannedJobs(None, self._table, self.pool, self.registry, MemoryKind.HOST)
+            self._jobs = PlannedJobs(None, self._table, self.pool, MemoryKind.HOST)
         elif isinstance(method, Pages):
             self._jobs = PageJobs(method, self.layout, self._table, self.registry, batch_entry_point_version() > 0)
         else:
-            self._jobs = PlannedJobs(method, self._table, self.pool, self.registry, MemoryKind.DEVICE)
+            self._jobs = PlannedJobs(method, self._table, self.pool, MemoryKind.DEVICE)
         self._device = device
-        self._lanes = CudaLanes(torch, device, lanes) if on_gpu else HostLanes(lanes)
+        self._lanes: Lanes = CudaLanes(torch, device, lanes) if on_gpu else HostLanes(lanes)
         # A handler dropped without shutdown() ends its lanes before its pool goes.
         weakref.finalize(self, _close_quietly, self._lanes)
         self._expedited = expedited_loads
@@ -308,7 +308,7 @@ class OffloadHandler:
             # Checks the ids (the page methods' only check, besides shared tensors).
             prepared = self._table.prepare(*ids, names=job_names(gpu, cpu))
             check_shared(self.layout, gpu, cpu)
-            nbytes, plan = self._jobs.plan(prepared, gpu)
+            nbytes, plan = self._jobs.plan(direction, prepared, gpu, self.registry)
             used = [chunks_used(n, b, self.layout.blocks_per_chunk)
                     for n, b in zip(gpu.group_sizes, gpu.block_indices)]
             self.pool.require_pinned(chunks_reach(self.layout, cpu.chunk_ids, used), job_id)

@@ -3,7 +3,7 @@ each with one interface: ``plan`` a job at submission, then make its ``copy``.
 
 PageJobs sends a job to the GPU as ids (kvoffload.page_table); the jobs it must wait for
 are found on its lane's enqueue thread. PlannedJobs plans every page on the host, checks
-every copy against the registry and copies raw pointers with a copy method
+every copy against the handler's registry and copies raw pointers with a copy method
 (kvoffload.copy_methods, auto.Auto), or with the host copy where there is no GPU; the
 jobs it waits for are found at submission.
 """
@@ -68,7 +68,7 @@ class PageJobs:
     descriptor_arrays_allocated = 0
 
     def __init__(self, method: Pages, layout, table, registry, batch_copy: bool):
-        self._layout, self._table, self._registry, self._ctas = layout, table, registry, method.ctas
+        self._layout, self._table, self._ctas = layout, table, method.ctas
         self.paths = page_methods.choose(method, layout, batch_copy)
         for g, group in enumerate(layout.groups):
             for t in group.tensors:
@@ -86,11 +86,11 @@ class PageJobs:
     def methods(self) -> dict[str, str]:
         return {d.value: page_methods.name(p) for d, p in self.paths.items()}
 
-    def plan(self, prepared, gpu) -> tuple[int, None]:
+    def plan(self, direction, prepared, gpu, registry) -> tuple[int, None]:
         """(bytes, plan) of a job. Page jobs check no copies, so the tensors' storage is
         checked here (the registry's check_copies does it for planned jobs)."""
-        del prepared
-        self._registry.check_tensors()
+        del direction, prepared
+        registry.check_tensors()
         groups = self._layout.groups
         return sum(n * t.page_bytes for n, group in zip(gpu.group_sizes, groups) for t in group.tensors), None
 
@@ -117,9 +117,8 @@ class PlannedJobs:
 
     resolves_on_lane = False
 
-    def __init__(self, method: Auto | CopyMethod | None, table, pool, registry, gpu_kind: MemoryKind):
-        self._method, self._table, self._pool = method, table, pool
-        self._registry, self._gpu_kind = registry, gpu_kind
+    def __init__(self, method: Auto | CopyMethod | None, table, pool, gpu_kind: MemoryKind):
+        self._method, self._table, self._pool, self._gpu_kind = method, table, pool, gpu_kind
         self._descriptors = DescriptorPool()
 
     @property
@@ -130,21 +129,23 @@ class PlannedJobs:
     def descriptor_arrays_allocated(self) -> int:
         return self._descriptors.allocated
 
-    def plan(self, prepared, gpu):
-        """(bytes, plan) of a job: its copies, cut where the pool's pieces end."""
+    def plan(self, direction, prepared, gpu, registry):
+        """(bytes, copies) of a job: its (src, dst, sizes), cut where the pool's pieces
+        end, each checked against the registry."""
         del gpu
         plan = self._pool.split_plan(transfer_plan(self._table, prepared))
-        return plan.total_bytes, plan
+        copies = plan.load() if direction is Direction.LOAD else plan.store()
+        registry.check_copies(*copies, *direction.ends(MemoryKind.HOST, self._gpu_kind))
+        return plan.total_bytes, copies
 
     def copy(self, job, prepared, plan, sources, resolve, done) -> JobCopy:
         """A load may read its source out of stream order where no store it reads is in
-        flight (kvoffload.ordering); every copy is checked against the registry first."""
+        flight (kvoffload.ordering)."""
         del prepared, resolve, done
         load = job.direction is Direction.LOAD
         pending = (PendingWrites.YES if sources else PendingWrites.NO) if load else PendingWrites.UNKNOWN
         order = safe_order(*job.direction.kinds, pending)
-        src, dst, sizes = plan.load() if load else plan.store()
-        self._registry.check_copies(src, dst, sizes, *job.direction.ends(MemoryKind.HOST, self._gpu_kind))
+        src, dst, sizes = plan
         descriptors = self._descriptors.acquire(src, dst, sizes)
         n = len(sizes)
         rows = (descriptors[0, :n], descriptors[1, :n], descriptors[2, :n])

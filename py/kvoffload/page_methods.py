@@ -54,7 +54,9 @@ class Pages:
     @classmethod
     def named(cls, method: str) -> Pages:
         """The page method of that name (one of METHODS)."""
-        return cls(FORCED[method]) if method in FORCED else cls()
+        if method not in METHODS:
+            raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
+        return cls(FORCED.get(method))
 
     @property
     def name(self) -> str:

@@ -21,6 +21,7 @@ import threading
 import time
 import warnings
 import weakref
+from typing import Callable, Protocol, Sequence
 
 
 # The driver's hardware queues per device, read when CUDA starts in the process. At
@@ -43,6 +44,33 @@ def connections_advice(environ) -> str | None:
             f"(docs/studies.md#hardware-queues). Set CUDA_DEVICE_MAX_CONNECTIONS={CONNECTIONS} in the "
             f"environment before the process starts CUDA, unless a lower value is wanted for "
             f"something else (then filter this RuntimeWarning).")
+
+
+class Lanes(Protocol):
+    """What CudaLanes and HostLanes both do; the handler holds one of them. ``make``
+    builds a job that runs ``copy`` once its ``waits`` (handles of other lanes' jobs) are
+    done; ``start`` queues it; ``finish`` retires it. ``resolve`` (CUDA lanes only) finds
+    the waits on the lane's enqueue thread instead."""
+
+    def submit(self, lane: str, copy: Callable, waits: Sequence, failing_with: Sequence = (),
+               pipelined: bool = False, resolve: Callable | None = None): ...
+
+    def make(self, lane: str, copy: Callable, waits: Sequence, failing_with: Sequence = (),
+             pipelined: bool = False, resolve: Callable | None = None): ...
+
+    def start(self, handle) -> None: ...
+
+    def done(self, handle) -> bool: ...
+
+    def wait(self, handle): ...
+
+    def result(self, handle) -> tuple[float, str | None]: ...
+
+    def recycle(self, handle) -> None: ...
+
+    def finish(self, handle) -> tuple[float, str | None]: ...
+
+    def close(self) -> None: ...
 
 
 class _CudaJob:
@@ -303,8 +331,8 @@ class HostLanes:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, lane, copy, waits, failing_with=(), pipelined=False):
-        handle = self.make(lane, copy, waits, failing_with, pipelined)
+    def submit(self, lane, copy, waits, failing_with=(), pipelined=False, resolve=None):
+        handle = self.make(lane, copy, waits, failing_with, pipelined, resolve)
         self.start(handle)
         return handle
 
