@@ -38,9 +38,10 @@ flags.DEFINE_integer("repeats", 3, "Measurements per point; the best is kept.")
 flags.DEFINE_list("directions", ["load", "store"], "load (host -> device) and/or store.")
 flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the workspace).")
 flags.DEFINE_string("plot", "", "Write a PNG plot of GB/s against block size here.")
-flags.DEFINE_list("methods", ["per_copy", "batch_stream", "batch_any", "kernel", "staged", "auto",
+flags.DEFINE_list("methods", ["per_copy", "batch", "batch_any", "kernel", "staged", "auto",
                              "pages_staged", "pages_kernel", "pages_dma"],
-                  "Methods to measure beside the bulk copy.")
+                  "Methods to measure beside the bulk copy, named as the library names them; batch_any "
+                  "is batch with order=ANY (as vLLM's loads), auto_fastest is Auto(max_slowdown=None).")
 flags.DEFINE_enum("pattern", "scattered", ["scattered", "host_runs"],
                   "scattered: both sides at random; host_runs: the host side in runs of "
                   "--run_kib (as a chunk-major pool gives), the device side at random.")
@@ -72,23 +73,20 @@ def _with_stream(copy, stream, src, dst, sizes):
 
 def gpu_methods(direction):
     """name -> copy(src, dst, sizes, stream)."""
-    methods = {
-        "per_copy": lambda s, d, z, st: kv.batch_copy(s, d, z, st, per_copy=True, **UNCHECKED),
-        "batch_stream": lambda s, d, z, st: kv.batch_copy(s, d, z, st, order=kv.SrcAccessOrder.STREAM, **UNCHECKED),
-        "batch_any": lambda s, d, z, st: kv.batch_copy(s, d, z, st, order=kv.SrcAccessOrder.ANY, **UNCHECKED),
-        "kernel": lambda s, d, z, st: kv.kernel_copy(s, d, z, st, max_ctas=FLAGS.kernel_ctas, **UNCHECKED),
-        "staged": lambda s, d, z, st: kv.staged_copy(
-            s, d, z, direction, st, slot_bytes=FLAGS.slot_mib << 20, slots=FLAGS.slots,
-            max_ctas=FLAGS.staged_ctas, **UNCHECKED),
-        "auto": lambda s, d, z, st: auto.copy(s, d, z, st, direction=direction, **UNCHECKED),
-        "auto_fastest": lambda s, d, z, st: auto.copy(s, d, z, st, direction=direction, max_slowdown=None,
-                                                      **UNCHECKED),
+    objects = {
+        "per_copy": copy_methods.PerCopy(),
+        "batch": copy_methods.Batch(),
+        "kernel": copy_methods.Kernel(max_ctas=FLAGS.kernel_ctas),
+        "staged": copy_methods.Staged(FLAGS.slot_mib << 20, FLAGS.slots, max_ctas=FLAGS.staged_ctas),
+        "auto": kv.Auto(),
+        "auto_fastest": kv.Auto(max_slowdown=None),
     }
     for n in map(int, FLAGS.ctas):
-        methods[f"kernel_ctas{n}"] = functools.partial(copy_methods.Kernel(max_ctas=n), direction=direction,
-                                                       **UNCHECKED)
-        methods[f"staged_ctas{n}"] = functools.partial(
-            copy_methods.Staged(FLAGS.slot_mib << 20, FLAGS.slots, max_ctas=n), direction=direction, **UNCHECKED)
+        objects[f"kernel_ctas{n}"] = copy_methods.Kernel(max_ctas=n)
+        objects[f"staged_ctas{n}"] = copy_methods.Staged(FLAGS.slot_mib << 20, FLAGS.slots, max_ctas=n)
+    methods = {name: functools.partial(method, direction=direction, **UNCHECKED) for name, method in objects.items()}
+    methods["batch_any"] = functools.partial(copy_methods.Batch(), direction=direction, order=kv.SrcAccessOrder.ANY,
+                                             **UNCHECKED)
     return methods
 
 
@@ -323,7 +321,7 @@ def add_rates(rows):
             r["submit_us_per_copy"] = r["submit_seconds"] / (moved // r["block_bytes"]) * 1e6
         if "gb_per_s_beside" in r:
             r["ratio_beside_to_bulk"] = r["gb_per_s_beside"] / bulk[r["direction"]]["gb_per_s"]
-    vllm = ("per_copy", "batch_stream", "batch_any")
+    vllm = ("per_copy", "batch", "batch_any")
     for r in rows:
         peers = [p["gb_per_s"] for p in rows if p["method"] in vllm and
                  (p["direction"], p["block_bytes"]) == (r["direction"], r["block_bytes"])]
