@@ -51,7 +51,7 @@ constexpr int64_t kPieceBytes = int64_t{64} << 10;
 
 }  // namespace
 
-CopyResult StagedCopy(const CopyBatch& batch, bool host_is_src, cudaStream_t stream,
+CopyResult StagedCopy(const CopyBatch& batch, bool load, cudaStream_t stream,
                       const StagedCopyOptions& options) {
   ValidateCopyBatch(batch);
   if (options.slot_bytes < 4096 || options.slot_bytes % 256 != 0) {
@@ -66,12 +66,12 @@ CopyResult StagedCopy(const CopyBatch& batch, bool host_is_src, cudaStream_t str
   if (batch.count == 0) return result;
   RequireCudaDevice();
   StreamDeviceGuard guard(stream);
-  const int64_t* host = host_is_src ? batch.src : batch.dst;
-  const int64_t* device = host_is_src ? batch.dst : batch.src;
+  const int64_t* host = load ? batch.src : batch.dst;
+  const int64_t* device = load ? batch.dst : batch.src;
   RequireReachable(host, batch.size, batch.count, guard.device(), Reach::kPinnedHost,
-                   host_is_src ? "src" : "dst");
+                   load ? "src" : "dst");
   RequireReachable(device, batch.size, batch.count, guard.device(), Reach::kDevice,
-                   host_is_src ? "dst" : "src");
+                   load ? "dst" : "src");
   result.reason = PathReason::kStagedRequested;
   result.copies = batch.count;
   result.bytes = TotalBytes(batch);
@@ -80,17 +80,16 @@ CopyResult StagedCopy(const CopyBatch& batch, bool host_is_src, cudaStream_t str
   // crashed once in the driver's small host-to-device copies (H200, driver 580.159).
   std::vector<Slice> slices;
   MemoryMap registrations(AskDriver);
-  SliceCutter cutter(batch, host_is_src, options.slot_bytes, kPieceBytes,
+  SliceCutter cutter(batch, load, options.slot_bytes, kPieceBytes,
                      [&](int64_t address) { return registrations.At(address).end; });
   for (Slice slice; cutter.Next(slice);) slices.push_back(std::move(slice));
 
   // One ring per device and direction, so that loads and stores in flight at once use
   // separate streams and slots and overlap (the DMA engines run both ways at once).
   StagingRing& ring =
-      StagingRing::For(guard.device(), host_is_src, options.slot_bytes, options.slots);
+      StagingRing::For(guard.device(), load, options.slot_bytes, options.slots);
   std::lock_guard<std::mutex> lock(ring.mutex());
   ring.Run(stream, [&] {
-    const bool load = host_is_src;
     std::vector<StagingRing::Slot> slots;
     for (Slice& slice : slices) {
       slots.push_back(ring.Next());

@@ -17,7 +17,7 @@ struct StagedCopyOptions {
 };
 
 // A copy between scattered device blocks and host memory that comes in large runs.
-// A load (host_is_src) moves the host runs by DMA into a slot of a device staging ring,
+// A load (host to device) moves the host runs by DMA into a slot of a device staging ring,
 // then a kernel scatters the slot into the device blocks; a store gathers device blocks
 // into a slot with a kernel, then moves it to the host runs by DMA. Slices pipeline:
 // the DMA of one overlaps the kernel of the next. The kernels' pieces (24 bytes each, of
@@ -25,7 +25,7 @@ struct StagedCopyOptions {
 // copies and bytes; the ring wraps. In stream order on `stream`. Host memory must be
 // page-locked and device memory the stream's device's, else std::invalid_argument
 // (RequireReachable).
-CopyResult StagedCopy(const CopyBatch& batch, bool host_is_src, cudaStream_t stream,
+CopyResult StagedCopy(const CopyBatch& batch, bool load, cudaStream_t stream,
                       const StagedCopyOptions& options = {});
 
 }  // namespace kvoffload

@@ -105,13 +105,13 @@ CopyResult PyKernelCopy(nb::handle src, nb::handle dst, nb::handle sizes, nb::ha
   return KernelCopy(batch, s, KernelCopyOptions{max_ctas, piece_bytes});
 }
 
-CopyResult PyStagedCopy(nb::handle src, nb::handle dst, nb::handle sizes, bool host_is_src,
+CopyResult PyStagedCopy(nb::handle src, nb::handle dst, nb::handle sizes, bool load,
                         nb::handle stream, int64_t slot_bytes, int slots, int max_ctas) {
   CopyArrays arrays(src, dst, sizes);
   const CopyBatch batch = arrays.Batch(nullptr);
   const cudaStream_t s = ToStream(stream);
   nb::gil_scoped_release release;
-  return StagedCopy(batch, host_is_src, s, StagedCopyOptions{slot_bytes, slots, max_ctas});
+  return StagedCopy(batch, load, s, StagedCopyOptions{slot_bytes, slots, max_ctas});
 }
 
 CopyResult PyHostCopy(nb::handle src, nb::handle dst, nb::handle sizes, int threads) {
@@ -251,7 +251,7 @@ void BindCopies(nb::module_& m) {
         nb::arg("piece_bytes") = kKernelDefaults.piece_bytes);
   m.def("staged_copy", &PyStagedCopy, nb::arg("src").none(), nb::arg("dst").none(),
         nb::arg("sizes").none(),
-        nb::arg("host_is_src"), nb::arg("stream").none() = nb::none(),
+        nb::arg("load"), nb::arg("stream").none() = nb::none(),
         nb::arg("slot_bytes") = kStagedDefaults.slot_bytes, nb::arg("slots") = kStagedDefaults.slots,
         nb::arg("max_ctas") = kStagedDefaults.max_ctas);
   m.def("host_copy", &PyHostCopy, nb::arg("src").none(), nb::arg("dst").none(),
