@@ -6,9 +6,9 @@
 #include <random>
 #include <vector>
 
-#include "cc/batch_copy.h"
-#include "cc/cuda_error.h"
-#include "cc/host_copy.h"
+#include "cc/copy/batch_copy.h"
+#include "cc/cuda/cuda_error.h"
+#include "cc/copy/host_copy.h"
 
 int main() {
   std::mt19937 gen(7);

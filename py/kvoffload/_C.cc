@@ -7,10 +7,10 @@
 
 #include <string>
 
-#include "cc/copy_batch.h"
-#include "cc/copy_path.h"
-#include "cc/cuda_error.h"
-#include "cc/memory_map.h"  // through //cc:copy_kernel
+#include "cc/copy/copy_batch.h"
+#include "cc/copy/copy_path.h"
+#include "cc/cuda/cuda_error.h"
+#include "cc/pool/memory_map.h"  // through //cc/copy:copy_kernel
 #include "py/kvoffload/bindings.h"
 
 NB_MODULE(_C, m) {

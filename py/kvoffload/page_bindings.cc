@@ -13,11 +13,11 @@
 #include <utility>
 #include <vector>
 
-#include "cc/copy_path.h"
-#include "cc/page_copy.h"
-#include "cc/page_table.h"
-#include "cc/recycled_buffer.h"
-#include "cc/stream_device.h"
+#include "cc/copy/copy_path.h"
+#include "cc/pages/page_copy.h"
+#include "cc/pages/page_table.h"
+#include "cc/util/recycled_buffer.h"
+#include "cc/cuda/stream_device.h"
 #include "py/kvoffload/bindings.h"
 
 namespace kvoffload {
@@ -221,7 +221,7 @@ class PyPageTable {
 
 void BindPages(nb::module_& m) {
   static const PageCopyOptions kPageDefaults{};
-  nb::enum_<PagePath>(m, "PagePath", "How a page job crosses the link (cc/page_copy.h).")
+  nb::enum_<PagePath>(m, "PagePath", "How a page job crosses the link (cc/pages/page_copy.h).")
       .value("STAGED", PagePath::kStaged, "DMA through a staging ring, a kernel on the HBM side")
       .value("KERNEL", PagePath::kKernel, "a kernel that reaches the pool itself")
       .value("DMA", PagePath::kDma, "cuMemcpyBatchAsync per page, no SM work");

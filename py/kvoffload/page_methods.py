@@ -24,7 +24,7 @@ PagePath = _C.PagePath
 FORCED = {"pages_staged": PagePath.STAGED, "pages_kernel": PagePath.KERNEL, "pages_dma": PagePath.DMA}
 METHODS = ("pages",) + tuple(FORCED)
 DMA_FROM_PAGE_BYTES = {Direction.STORE: 20 << 10, Direction.LOAD: 20 << 10}
-PAGE_CTAS = _C.PAGE_COPY_CTAS  # the gather and scatter kernels' CTAs (cc/page_copy.h)
+PAGE_CTAS = _C.PAGE_COPY_CTAS  # the gather and scatter kernels' CTAs (cc/pages/page_copy.h)
 
 
 def mean_page_bytes(layout) -> float:

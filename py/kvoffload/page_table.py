@@ -5,7 +5,7 @@ and chunk stride). A job then passes only its GPU block ids, CPU chunk ids and e
 group's count and first logical index (GPUSpec, CPUSpec); the host checks the ids and
 cuts the job into segments (one tensor's pages in one chunk), and the GPU computes
 every page's addresses. ``table.copy(..., path=_C.PagePath.X)`` crosses the link as
-cc/page_copy.h says: STAGED (DMA through a device ring, a kernel on the HBM side),
+cc/pages/page_copy.h says: STAGED (DMA through a device ring, a kernel on the HBM side),
 KERNEL (a kernel that reaches the pool) or DMA (cuMemcpyBatchAsync per page).
 """
 

@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "cc/first_touch.h"
-#include "cc/host_memory.h"
-#include "cc/pinned_pool.h"
+#include "cc/pool/first_touch.h"
+#include "cc/pool/host_memory.h"
+#include "cc/pool/pinned_pool.h"
 #include "py/kvoffload/bindings.h"
 
 namespace kvoffload {

@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "cc/key_tables.h"
-#include "cc/region_check.h"
+#include "cc/pages/key_tables.h"
+#include "cc/pool/region_check.h"
 #include "py/kvoffload/bindings.h"
 
 namespace kvoffload {

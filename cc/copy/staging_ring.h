@@ -1,0 +1,89 @@
+#ifndef KVOFFLOAD_CC_COPY_STAGING_RING_H_
+#define KVOFFLOAD_CC_COPY_STAGING_RING_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "cc/cuda/cuda_check.h"
+
+namespace kvoffload {
+
+// A device staging ring: `slots` buffers of slot_bytes and two streams that pipeline
+// through them, a DMA stream and a kernel stream at the highest priority (short
+// gather/scatter kernels then take the next free SMs even beside a model's kernels).
+// A load fills a slot by DMA and drains it with a kernel; a store the other way round.
+class StagingRing {
+ public:
+  // Ring number `ring` of `device` (current) for one direction and geometry, made on
+  // first use and kept. Hold mutex() around Run().
+  static StagingRing& For(int device, bool load, int64_t slot_bytes, int slots, int ring = 0);
+
+  std::mutex& mutex() { return mutex_; }
+
+  // Both streams start after the work queued on `caller` so far, body() stages slices,
+  // then `caller` waits for everything the ring enqueued, also when body() throws (what
+  // was enqueued still runs).
+  template <typename Body>
+  void Run(cudaStream_t caller, Body body) {
+    Begin(caller);
+    try {
+      body();
+    } catch (...) {
+      try {
+        End(caller);
+      } catch (...) {
+      }
+      throw;
+    }
+    End(caller);
+  }
+
+  struct Slot {
+    int index;
+    int64_t address;
+  };
+  // The next slot in turn.
+  Slot Next();
+
+  // first(stream) fills the slot once its last use is drained, then second(stream)
+  // drains it; first runs on the DMA stream for a load, on the kernel stream for a store.
+  template <typename First, typename Second>
+  void Stage(const Slot& slot, bool load, First first, Second second) {
+    cudaStream_t a = load ? dma_ : kernel_;
+    cudaStream_t b = load ? kernel_ : dma_;
+    CheckCuda(cudaStreamWaitEvent(a, slot_free_[slot.index], 0), "cudaStreamWaitEvent");
+    first(a);
+    CheckCuda(cudaEventRecord(slot_full_[slot.index], a), "cudaEventRecord");
+    CheckCuda(cudaStreamWaitEvent(b, slot_full_[slot.index], 0), "cudaStreamWaitEvent");
+    second(b);
+    CheckCuda(cudaEventRecord(slot_free_[slot.index], b), "cudaEventRecord");
+  }
+
+  cudaStream_t dma_stream() const { return dma_; }
+  cudaStream_t kernel_stream() const { return kernel_; }
+
+  StagingRing(int64_t slot_bytes, int slots);
+  ~StagingRing();
+  StagingRing(const StagingRing&) = delete;
+  StagingRing& operator=(const StagingRing&) = delete;
+
+ private:
+  void Begin(cudaStream_t caller);
+  void End(cudaStream_t caller);
+
+  std::mutex mutex_;
+  int64_t slot_bytes_;
+  int slots_;
+  void* memory_ = nullptr;
+  cudaStream_t dma_ = nullptr, kernel_ = nullptr;
+  std::vector<cudaEvent_t> slot_free_, slot_full_;
+  cudaEvent_t fence_ = nullptr;
+  int next_slot_ = 0;
+};
+
+}  // namespace kvoffload
+
+#endif  // KVOFFLOAD_CC_COPY_STAGING_RING_H_

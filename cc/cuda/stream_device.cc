@@ -1,0 +1,40 @@
+#include "cc/cuda/stream_device.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "cc/cuda/cuda_check.h"
+#include "cc/cuda/driver_symbol.h"
+
+namespace kvoffload {
+namespace {
+
+bool PrimaryContextActive(int device) {
+  static const auto get_state = reinterpret_cast<PFN_cuDevicePrimaryCtxGetState_v7000>(
+      ResolveDriverSymbol("cuDevicePrimaryCtxGetState", 7000));
+  unsigned int flags = 0;
+  int active = 0;
+  // Without the driver's answer, restore as the runtime would.
+  return get_state == nullptr || get_state(device, &flags, &active) != CUDA_SUCCESS || active != 0;
+}
+
+}  // namespace
+
+int StreamDevice(cudaStream_t stream) {
+  RequireCudaDevice();
+  int device = 0;
+  CheckCuda(cudaStreamGetDevice(stream, &device), "cudaStreamGetDevice");
+  return device;
+}
+
+DeviceGuard::DeviceGuard(int device) : device_(device) {
+  CheckCuda(cudaGetDevice(&previous_), "cudaGetDevice");
+  restore_ = previous_ != device_ && PrimaryContextActive(previous_);
+  CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (restore_) cudaSetDevice(previous_);
+}
+
+}  // namespace kvoffload

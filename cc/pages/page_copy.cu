@@ -1,0 +1,253 @@
+#include "cc/pages/page_copy.h"
+
+#include <algorithm>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cc/copy/batch_copy.h"
+#include "cc/cuda/cuda_check.h"
+#include "cc/cuda/load_kernel.h"
+#include "cc/pool/memory_reach.h"
+#include "cc/pages/page_address.h"
+#include "cc/copy/staging_ring.h"
+#include "cc/cuda/stream_device.h"
+#include "cc/copy/stream_upload.h"
+#include "cc/copy/warp_copy.h"
+
+namespace kvoffload {
+namespace {
+
+constexpr int kThreads = 1024;
+
+// Each warp takes a contiguous share of units [first_unit, end_unit), one unit at a
+// time, finding its first unit's segment by binary search and the rest by walking on.
+// The host side of a unit is the slot at `slot` (holding the job's bytes from
+// slot_first_byte on) or, when slot is 0, the host address its segment gives.
+__global__ void __launch_bounds__(kThreads)
+    PageCopyKernel(const TensorRef* refs, const int64_t* block_ids, const Segment* segments,
+                   int64_t num_segments, int64_t first_unit, int64_t end_unit, int64_t slot,
+                   int64_t slot_first_byte, bool load) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / kWarpSize);
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
+  const int64_t share = (end_unit - first_unit + warps - 1) / warps;
+  const int64_t begin = first_unit + warp * share;
+  const int64_t end = begin + share < end_unit ? begin + share : end_unit;
+  if (begin >= end) return;
+  int64_t k = FindSegment(segments, num_segments, begin);
+  for (int64_t u = begin; u < end; ++u) {
+    while (k + 1 < num_segments && segments[k + 1].first_unit <= u) ++k;
+    const Segment& s = segments[k];
+    const UnitPlace p = PlaceUnit(refs[s.ref], block_ids, s, u - s.first_unit);
+    const int64_t host = slot != 0 ? slot + (p.job_byte - slot_first_byte)
+                                   : s.host + (p.job_byte - s.first_byte);
+    char* gpu = reinterpret_cast<char*>(p.gpu);
+    char* other = reinterpret_cast<char*>(host);
+    if (load) {
+      WarpCopy(other, gpu, p.bytes, lane);
+    } else {
+      WarpCopy(gpu, other, p.bytes, lane);
+    }
+  }
+}
+
+// The job's block ids (part 0) and segments (part 1) in device memory.
+StreamUpload UploadJob(const PageJob& job, const std::vector<Segment>& segments,
+                       cudaStream_t stream) {
+  return StreamUpload({{job.block_ids, job.num_block_ids * sizeof(int64_t)},
+                       {segments.data(), segments.size() * sizeof(Segment)}},
+                      stream);
+}
+
+void Launch(const DevicePageTable& table, const StreamUpload& job, int64_t segments,
+            int64_t first_unit, int64_t end_unit, int64_t slot, int64_t slot_first_byte,
+            bool load, int max_ctas, cudaStream_t stream) {
+  const int64_t warps = end_unit - first_unit;
+  const int ctas = static_cast<int>(
+      std::min<int64_t>(max_ctas, (warps + kThreads / kWarpSize - 1) / (kThreads / kWarpSize)));
+  PageCopyKernel<<<ctas, kThreads, 0, stream>>>(table.device_refs(), job.part<int64_t>(0),
+                                                job.part<Segment>(1), segments, first_unit,
+                                                end_unit, slot, slot_first_byte, load);
+  CheckCuda(cudaGetLastError(), "page copy kernel launch");
+}
+
+// The DMA between a slot and the host runs of its slice.
+struct SliceDma {
+  std::vector<int64_t> src, dst, size;
+};
+
+SliceDma MakeDma(const HostRuns& runs, int64_t slot, bool load) {
+  SliceDma dma;
+  dma.size = runs.size;
+  std::vector<int64_t> slot_addresses(runs.slot.size());
+  for (size_t i = 0; i < runs.slot.size(); ++i) slot_addresses[i] = slot + runs.slot[i];
+  dma.src = load ? runs.host : slot_addresses;
+  dma.dst = load ? slot_addresses : runs.host;
+  return dma;
+}
+
+int64_t EnqueueDma(const SliceDma& dma, bool load, cudaStream_t stream) {
+  return StagingDma(CopyBatch{dma.src.data(), dma.dst.data(), dma.size.data(),
+                              static_cast<int64_t>(dma.size.size())},
+                    load, stream);
+}
+
+void StagedPageCopy(const DevicePageTable& table, const PageJob& job, bool load,
+                    const std::vector<Segment>& segments, int64_t units, int device,
+                    cudaStream_t stream, const PageCopyOptions& options, CopyResult& result) {
+  const PageLayout& layout = table.layout();
+  const std::vector<PageSlice> slices = CutSlices(layout, segments, units, options.slot_bytes);
+  std::vector<HostRuns> runs(slices.size());
+  for (size_t i = 0; i < slices.size(); ++i) SliceHostRuns(layout, segments, slices[i], runs[i]);
+
+  StagingRing& ring = StagingRing::For(device, load, options.slot_bytes, options.slots, options.ring);
+  std::lock_guard<std::mutex> lock(ring.mutex());
+  ring.Run(stream, [&] {
+    const StreamUpload upload = UploadJob(job, segments, ring.kernel_stream());
+    const int64_t count = static_cast<int64_t>(segments.size());
+    for (size_t i = 0; i < slices.size(); ++i) {
+      const StagingRing::Slot slot = ring.Next();
+      const SliceDma dma = MakeDma(runs[i], slot.address, load);
+      auto kernel = [&](cudaStream_t s) {
+        Launch(table, upload, count, slices[i].first_unit, slices[i].end_unit, slot.address,
+               slices[i].first_byte, load, options.max_ctas, s);
+      };
+      auto copy = [&](cudaStream_t s) { result.driver_calls += EnqueueDma(dma, load, s); };
+      if (load) {
+        ring.Stage(slot, load, copy, kernel);
+      } else {
+        ring.Stage(slot, load, kernel, copy);
+      }
+      ++result.driver_calls;  // the kernel
+    }
+  });
+}
+
+CopyResult DmaPageCopy(const PageLayout& layout, const PageJob& job, bool load,
+                       const std::vector<Segment>& segments, cudaStream_t stream, int64_t bytes,
+                       SrcAccessOrder src_order) {
+  thread_local PageDma dma;
+  thread_local std::vector<uint8_t> order;
+  BuildPageDma(layout, job.block_ids, segments, dma);
+  CopyBatch batch{load ? dma.host.data() : dma.gpu.data(), load ? dma.gpu.data() : dma.host.data(),
+                  dma.size.data(), static_cast<int64_t>(dma.size.size())};
+  if (src_order != SrcAccessOrder::kStream) {
+    order.assign(dma.size.size(), static_cast<uint8_t>(src_order));
+    batch.order = order.data();
+  }
+  CopyResult result = BatchCopy(batch, stream);
+  result.bytes = bytes;
+  return result;
+}
+
+}  // namespace
+
+DevicePageTable::DevicePageTable(PageLayout layout, int device)
+    : layout_(std::move(layout)), device_(device) {
+  RequireCudaDevice();
+  // Every page lies inside its ref's span, so the spans' ends decide what a kernel
+  // on this device can reach.
+  std::vector<int64_t> gpu, cpu, gpu_span, cpu_span;
+  for (size_t r = 0; r < layout_.refs().size(); ++r) {
+    if (layout_.gpu_span(r) > 0) {
+      gpu.push_back(layout_.refs()[r].gpu_base);
+      gpu_span.push_back(layout_.gpu_span(r));
+    }
+    if (layout_.cpu_span(r) > 0) {
+      cpu.push_back(layout_.refs()[r].cpu_base);
+      cpu_span.push_back(layout_.cpu_span(r));
+    }
+  }
+  RequireReachable(gpu.data(), gpu_span.data(), static_cast<int64_t>(gpu.size()), device,
+                   Reach::kDevice, "gpu_base");
+  RequireReachable(cpu.data(), cpu_span.data(), static_cast<int64_t>(cpu.size()), device,
+                   Reach::kPinnedHost, "cpu_base");
+  DeviceGuard guard(device);
+  const size_t bytes = std::max<size_t>(1, layout_.refs().size()) * sizeof(TensorRef);
+  cudaError_t status = cudaMalloc(&refs_, bytes);
+  if (status == cudaSuccess && !layout_.refs().empty()) {
+    status = cudaMemcpy(refs_, layout_.refs().data(), layout_.refs().size() * sizeof(TensorRef),
+                        cudaMemcpyHostToDevice);
+  }
+  if (status != cudaSuccess && refs_ != nullptr) cudaFree(refs_);
+  CheckCuda(status, "page table upload (cudaMalloc, cudaMemcpy)");
+}
+
+DevicePageTable::~DevicePageTable() {
+  try {
+    DeviceGuard guard(device_);
+    cudaFree(refs_);  // waits for the kernels that may still read the refs
+  } catch (...) {
+  }
+}
+
+void LoadPageCopyKernel() {
+  LoadKernel(PageCopyKernel, "cudaFuncGetAttributes(page copy kernel)");
+}
+
+void ValidatePageCopyOptions(const PageCopyOptions& options) {
+  if (options.max_ctas < 1) {
+    throw std::invalid_argument("max_ctas: must be >= 1, got " + std::to_string(options.max_ctas));
+  }
+  if (options.slot_bytes < kPageUnitBytes || options.slot_bytes % 256 != 0) {
+    throw std::invalid_argument("slot_bytes: must be a multiple of 256 and >= " +
+                                std::to_string(kPageUnitBytes) + ", got " +
+                                std::to_string(options.slot_bytes));
+  }
+  if (options.slots < 2) {
+    throw std::invalid_argument("slots: must be >= 2, got " + std::to_string(options.slots));
+  }
+  if (options.src_order != SrcAccessOrder::kStream && options.src_order != SrcAccessOrder::kAny) {
+    throw std::invalid_argument("src_order: must be STREAM or ANY, got " +
+                                std::to_string(static_cast<int>(options.src_order)));
+  }
+  if (options.ring < 0 || options.ring >= kMaxRings) {
+    throw std::invalid_argument("ring: must be in [0, " + std::to_string(kMaxRings) + "), got " +
+                                std::to_string(options.ring));
+  }
+}
+
+CopyResult PageCopy(const DevicePageTable& table, const PageJob& job, bool load,
+                    cudaStream_t stream, const PageCopyOptions& options, bool validated) {
+  ValidatePageCopyOptions(options);
+  if (options.src_order != SrcAccessOrder::kStream && !(load && options.path == PagePath::kDma)) {
+    throw std::invalid_argument("src_order: ANY is for DMA loads only (a store's source is the live "
+                                "GPU cache; the ring and the kernel read in stream order)");
+  }
+  if (!validated) ValidateJob(table.layout(), job);
+  thread_local std::vector<Segment> segments;
+  const int64_t units = BuildSegments(table.layout(), job, segments);
+  CopyResult result;
+  result.reason = options.path == PagePath::kStaged ? PathReason::kStagedRequested
+                                                   : PathReason::kKernelRequested;
+  result.copies = units;
+  result.bytes = SegmentBytes(table.layout(), segments);
+  if (units == 0) {
+    result.reason = PathReason::kEmptyBatch;
+    return result;
+  }
+  RequireCudaDevice();
+  StreamDeviceGuard guard(stream);
+  if (guard.device() != table.device()) {
+    throw std::invalid_argument("stream: is on device " + std::to_string(guard.device()) +
+                                " but the page table is on device " +
+                                std::to_string(table.device()));
+  }
+  if (options.path == PagePath::kDma) {
+    return DmaPageCopy(table.layout(), job, load, segments, stream, result.bytes, options.src_order);
+  }
+  if (options.path == PagePath::kStaged) {
+    StagedPageCopy(table, job, load, segments, units, guard.device(), stream, options, result);
+    return result;
+  }
+  const StreamUpload upload = UploadJob(job, segments, stream);
+  Launch(table, upload, static_cast<int64_t>(segments.size()), 0, units, 0, 0, load,
+         options.max_ctas, stream);
+  result.driver_calls = 1;
+  return result;
+}
+
+}  // namespace kvoffload

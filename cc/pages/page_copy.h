@@ -1,0 +1,79 @@
+#ifndef KVOFFLOAD_CC_PAGES_PAGE_COPY_H_
+#define KVOFFLOAD_CC_PAGES_PAGE_COPY_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "cc/copy/copy_batch.h"
+#include "cc/copy/copy_path.h"
+#include "cc/pages/page_table.h"
+
+namespace kvoffload {
+
+// A PageLayout whose TensorRefs live on one device, uploaded once.
+class DevicePageTable {
+ public:
+  // Uploads the refs to `device`'s memory (synchronously).
+  DevicePageTable(PageLayout layout, int device);
+  ~DevicePageTable();
+  DevicePageTable(const DevicePageTable&) = delete;
+  DevicePageTable& operator=(const DevicePageTable&) = delete;
+
+  const PageLayout& layout() const { return layout_; }
+  int device() const { return device_; }
+  const TensorRef* device_refs() const { return refs_; }
+
+ private:
+  PageLayout layout_;
+  int device_;
+  TensorRef* refs_ = nullptr;
+};
+
+// How a page job crosses the link.
+enum class PagePath : uint8_t {
+  // Host runs by DMA through a device staging ring; a kernel scatters (loads) or
+  // gathers (stores) the HBM side.
+  kStaged,
+  // A kernel reads or writes the page-locked host memory itself.
+  kKernel,
+  // Every page (pages that follow each other merged) by cuMemcpyBatchAsync: no SM work,
+  // host work per page (BuildPageDma).
+  kDma,
+};
+
+struct PageCopyOptions {
+  PagePath path = PagePath::kStaged;
+  int max_ctas = 32;                       // CTAs of 1024 threads for the kernel
+  int64_t slot_bytes = int64_t{64} << 20;  // one DMA slice
+  int slots = 2;
+  // Which of the device's rings of this direction and geometry: copies on different
+  // rings never queue behind each other's (expedited loads take a ring of their own).
+  int ring = 0;
+  // The DMA path's source reads: kStream, or kAny where no write to the job's source is
+  // unfinished (the driver may then read it before the stream's earlier work is done).
+  // The other paths read in stream order.
+  SrcAccessOrder src_order = SrcAccessOrder::kStream;
+};
+
+inline constexpr int kMaxRings = 4;  // each ring holds slots x slot_bytes of device memory
+
+// Moves the job's pages between the table's GPU blocks and CPU chunks on `stream`, in
+// stream order; load: CPU -> GPU. The job is validated first (ValidateJob); nothing is
+// enqueued if it fails. The host work is per segment; addresses are computed on the GPU.
+// The table's memory must be device memory of the stream's device and page-locked host
+// memory (its caller checks this once, when the table is made).
+// `validated`: the caller has just run ValidateJob on this very job.
+CopyResult PageCopy(const DevicePageTable& table, const PageJob& job, bool load,
+                    cudaStream_t stream, const PageCopyOptions& options = {},
+                    bool validated = false);
+
+// Loads the page copy's kernel into the current device's context now (LoadKernel).
+void LoadPageCopyKernel();
+
+// Throws std::invalid_argument for options no copy can run with.
+void ValidatePageCopyOptions(const PageCopyOptions& options);
+
+}  // namespace kvoffload
+
+#endif  // KVOFFLOAD_CC_PAGES_PAGE_COPY_H_
