@@ -28,7 +28,7 @@ import kvoffload as kv
 from kvoffload import _C, auto, compute_loop, copy_methods, meter, page_methods
 from kvoffload.batch_copy import KERNEL_CTAS, STAGED_CTAS, STAGED_SLOT_BYTES, STAGED_SLOTS
 from kvoffload.page_table import PageTable
-from kvoffload.steady_copies import PIECE_SECONDS, BulkCopies, RawCopies, in_pieces
+from kvoffload.steady_copies import CALL_SECONDS, BulkCopies, RawCopies, in_calls
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("block_kib", ["4", "16", "64", "256", "1024", "2048"], "Block sizes in KiB.")
@@ -168,18 +168,18 @@ def measure_gpu(rng, rows, machine):
 
     def measure(row, copies, kib, stream, batch=None):
         """Fills in row's rate alone and, at the interference sizes, names its source for
-        the meter: ``batch`` (copy, src, dst, sizes) in pieces of PIECE_SECONDS alone, else
+        the meter: ``batch`` (copy, src, dst, sizes) in calls of CALL_SECONDS alone, else
         the copies whole."""
         best, host = min(time_gpu(torch, stream, lambda: [c() for c in copies])
                          for _ in range(FLAGS.repeats))
         rows.append(dict(row, seconds=best, submit_seconds=host))
         if kib in FLAGS.interference_kib and row["method"] in FLAGS.interference_methods:
             block = int(kib) << 10
-            piece = max(block, int(moved / best * PIECE_SECONDS) // block * block)
-            pieces = (in_pieces(*batch, piece) if batch is not None
-                      else [(lambda: [c() for c in copies], moved * len(copies))])
+            call_bytes = max(block, int(moved / best * CALL_SECONDS) // block * block)
+            calls = (in_calls(*batch, call_bytes) if batch is not None
+                     else [(lambda: [c() for c in copies], moved * len(copies))])
             beside[f"{row['method']} {row['direction']} {kib}"] = (
-                dict(row, seconds=best), functools.partial(RawCopies, torch, pieces, stream))
+                dict(row, seconds=best), functools.partial(RawCopies, torch, calls, stream))
 
     for direction in FLAGS.directions:
         stream = streams[direction]

@@ -95,13 +95,13 @@ def test_a_pool_is_resident_exactly_once_touched():
 
 def test_pinned_pieces_end_between_chunks_and_release_unregisters_them(monkeypatch):
     cuda = FakeCuda(monkeypatch)
-    unit = 3 * 4096 + 4096 * 5  # 32 KiB chunks
-    pool = HostPool(40 * unit, chunk_runs=[ChunkRun(0, unit, 40 * unit)],
+    chunk = 3 * 4096 + 4096 * 5  # 32 KiB chunks
+    pool = HostPool(40 * chunk, chunk_runs=[ChunkRun(0, chunk, 40 * chunk)],
                     options=PoolOptions(piece_bytes=100 << 10))
     pieces = sorted(cuda.registered.items())
     assert pieces[0][0] == pool.base and sum(n for _, n in pieces) == pool.memory.mapped_bytes
     for (a, n), (b, _) in zip(pieces, pieces[1:]):
-        assert a + n == b and (b - pool.base) % unit == 0 and n <= 100 << 10
+        assert a + n == b and (b - pool.base) % chunk == 0 and n <= 100 << 10
     pool.release()
     assert cuda.registered == {} and mapping(pool.base) is None
     pool.release()  # idempotent

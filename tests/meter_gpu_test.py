@@ -7,7 +7,7 @@ import torch
 
 import kvoffload as kv
 from kvoffload import compute_loop, meter
-from kvoffload.steady_copies import BulkCopies, RawCopies, in_pieces
+from kvoffload.steady_copies import BulkCopies, RawCopies, in_calls
 
 
 @pytest.fixture(autouse=True)
@@ -71,20 +71,20 @@ def test_bad_arguments_are_named(loop):
         meter.measure(loop, {"a": Nothing}, steps=10, margin=1)
 
 
-def test_raw_copies_in_pieces_move_the_bytes_and_count_each_piece_once():
+def test_raw_copies_in_calls_move_the_bytes_and_count_each_call_once():
     src = torch.randint(0, 256, (4 << 20,), dtype=torch.uint8).pin_memory()
     dst = torch.full((src.numel(),), 0xA5, dtype=torch.uint8, device="cuda")
     stream = torch.cuda.Stream()
     pages = torch.randperm(src.numel() // 4096).numpy().astype("int64") * 4096
     sizes = pages * 0 + 4096
     copy = lambda s, d, z: kv.batch_copy(s, d, z, stream, registry=kv.UNCHECKED)
-    pieces = in_pieces(copy, src.data_ptr() + pages, dst.data_ptr() + pages, sizes, 1 << 20)
-    assert len(pieces) == 4
-    copies = RawCopies(torch, pieces, stream, depth=4)
+    calls = in_calls(copy, src.data_ptr() + pages, dst.data_ptr() + pages, sizes, 1 << 20)
+    assert len(calls) == 4
+    copies = RawCopies(torch, calls, stream, depth=4)
     copies.top_up()
     assert copies.drain() == src.numel()
     assert torch.equal(dst.cpu(), src)
-    copies.top_up()  # the pieces again, from the first
+    copies.top_up()  # the calls again, from the first
     assert copies.drain() == src.numel() and copies.drain() == 0
 
 

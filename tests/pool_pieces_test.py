@@ -10,7 +10,7 @@ from kvoffload.pool_pieces import PAGE, ChunkRun, piece_ends, split_at
 
 
 def cuts_a_unit(at, runs):
-    return any(r.start < at < r.end and (at - r.start) % r.unit for r in runs)
+    return any(r.start < at < r.end and (at - r.start) % r.chunk_bytes for r in runs)
 
 
 @st.composite
@@ -19,10 +19,10 @@ def pools(draw):
     runs, at = [], 0
     for _ in range(draw(st.integers(0, 4))):
         at += draw(st.sampled_from([0, 100, PAGE]))
-        unit = draw(st.sampled_from([800, PAGE, 3 * PAGE, 2 << 20, 4097, 5 * 4096 + 512]))
+        chunk = draw(st.sampled_from([800, PAGE, 3 * PAGE, 2 << 20, 4097, 5 * 4096 + 512]))
         count = draw(st.integers(1, 200))
-        runs.append(ChunkRun(at, unit, at + unit * count))
-        at += unit * count
+        runs.append(ChunkRun(at, chunk, at + chunk * count))
+        at += chunk * count
     size = -(-max(at, 1) // PAGE) * PAGE
     return runs, size
 

@@ -10,7 +10,7 @@ import pytest
 
 from kv_model import check, make_handler
 from kvoffload.planner import CPUSpec, GPUSpec
-from kvoffload.steady_copies import BulkCopies, HandlerAsWorker, RawCopies, WorkerCopies, in_pieces
+from kvoffload.steady_copies import BulkCopies, HandlerAsWorker, RawCopies, WorkerCopies, in_calls
 
 
 class FakeWorker:
@@ -161,58 +161,58 @@ class FakeTorch:
 
 
 def test_raw_copies_stay_at_depth_and_count_each_call_once():
-    calls = []
-    pieces = [(lambda i=i: calls.append(i), 100 * (i + 1)) for i in range(2)]
-    copies = RawCopies(FakeTorch, pieces, stream=None, depth=3)
+    made = []
+    calls = [(lambda i=i: made.append(i), 100 * (i + 1)) for i in range(2)]
+    copies = RawCopies(FakeTorch, calls, stream=None, depth=3)
     copies.top_up()
-    assert calls == [0, 1, 0]
+    assert made == [0, 1, 0]
     FakeTorch.cuda.done.update(e for e, _ in copies.flying[:2])
     copies.top_up()
-    assert calls == [0, 1, 0, 1, 0] and len(copies.flying) == 3
+    assert made == [0, 1, 0, 1, 0] and len(copies.flying) == 3
     assert copies.drain() == 100 + 200 + 100 + 200 + 100 and copies.drain() == 0
 
 
-@pytest.mark.parametrize("args, error, match", [(dict(pieces=[]), ValueError, "pieces: expected"),
+@pytest.mark.parametrize("args, error, match", [(dict(calls=[]), ValueError, "calls: expected"),
                                                 (dict(depth=0), ValueError, "depth: must be >= 1"),
                                                 (dict(depth=True), TypeError, "depth: ")])
 def test_raw_copies_check_their_arguments(args, error, match):
     with pytest.raises(error, match=match):
-        RawCopies(FakeTorch, **(dict(pieces=[(lambda: None, 1)], stream=None) | args))
+        RawCopies(FakeTorch, **(dict(calls=[(lambda: None, 1)], stream=None) | args))
 
 
-def calls_of(sizes, piece_bytes):
+def calls_of(sizes, call_bytes):
     src = np.arange(len(sizes), dtype=np.int64) * 7 + 3
     dst = np.arange(len(sizes), dtype=np.int64) * 11 + 5
     made = []
-    pieces = in_pieces(lambda s, d, z: made.append((s, d, z)), src, dst, sizes, piece_bytes)
-    for call, nbytes in pieces:
+    calls = in_calls(lambda s, d, z: made.append((s, d, z)), src, dst, sizes, call_bytes)
+    for call, nbytes in calls:
         call()
         assert nbytes == made[-1][2].sum()
     return src, dst, made
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_pieces_hold_every_copy_once_in_order(seed):
+def test_calls_hold_every_copy_once_in_order(seed):
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 5000, int(rng.integers(1, 400))).astype(np.int64)
-    piece_bytes = int(rng.integers(1, 20000))
-    src, dst, made = calls_of(sizes, piece_bytes)
+    call_bytes = int(rng.integers(1, 20000))
+    src, dst, made = calls_of(sizes, call_bytes)
     assert all(len(s) for s, _, _ in made)
     for got, want in zip((np.concatenate([m[k] for m in made]) for k in range(3)), (src, dst, sizes)):
         np.testing.assert_array_equal(got, want)
-    # A piece ends with the first copy that reaches the next multiple of piece_bytes.
+    # A call ends with the first copy that reaches the next multiple of call_bytes.
     start = 0
     for i, (_, _, z) in enumerate(made):
         ends = start + np.cumsum(z)
-        assert (ends[:-1] // piece_bytes == start // piece_bytes).all()
+        assert (ends[:-1] // call_bytes == start // call_bytes).all()
         if i < len(made) - 1:
-            assert ends[-1] // piece_bytes > start // piece_bytes
+            assert ends[-1] // call_bytes > start // call_bytes
         start = ends[-1]
 
 
-def test_equal_pages_split_evenly_and_no_copies_make_no_pieces():
-    _, _, made = calls_of(np.full(10_000, 4096, dtype=np.int64), 512 << 10)  # 128 pages a piece
+def test_equal_pages_split_evenly_and_no_copies_make_no_calls():
+    _, _, made = calls_of(np.full(10_000, 4096, dtype=np.int64), 512 << 10)  # 128 pages a call
     assert [len(z) for _, _, z in made] == [128] * 78 + [16]
     assert calls_of(np.zeros(0, dtype=np.int64), 1 << 20)[2] == []
-    with pytest.raises(ValueError, match="piece_bytes: must be >= 1"):
-        in_pieces(print, np.zeros(1), np.zeros(1), np.ones(1, dtype=np.int64), 0)
+    with pytest.raises(ValueError, match="call_bytes: must be >= 1"):
+        in_calls(print, np.zeros(1), np.zeros(1), np.ones(1, dtype=np.int64), 0)

@@ -59,7 +59,7 @@ PieceUpload::PieceUpload(const std::vector<int64_t>& pieces, cudaStream_t stream
       upload_({{pieces.data(), pieces.size() * sizeof(int64_t)}}, stream) {}
 
 void PieceUpload::Launch(int64_t first, int64_t count, int max_ctas) const {
-  const int64_t* d = upload_.part<int64_t>(0) + first;
+  const int64_t* d = upload_.array<int64_t>(0) + first;
   LaunchCopyKernel(d, d + total_, d + 2 * total_, count, max_ctas, stream_);
   CheckCuda(cudaGetLastError(), "copy kernel launch");
 }
@@ -91,8 +91,8 @@ CopyResult KernelCopy(const CopyBatch& batch, cudaStream_t stream,
     while (end < batch.count && end - begin < kCopiesPerLaunch && bytes < kBytesPerLaunch) {
       bytes += batch.size[end++];
     }
-    const CopyBatch part{batch.src + begin, batch.dst + begin, batch.size + begin, end - begin};
-    const int64_t count = SplitIntoPieces(part, options.piece_bytes, pieces);
+    const CopyBatch launch{batch.src + begin, batch.dst + begin, batch.size + begin, end - begin};
+    const int64_t count = SplitIntoPieces(launch, options.piece_bytes, pieces);
     PieceUpload(pieces, stream).Launch(0, count, options.max_ctas);
     begin = end;
   }

@@ -38,10 +38,10 @@ bool SliceCutter::Next(Slice& s) {
     std::vector<int64_t>& dma_slot = load_ ? s.dma_dst : s.dma_src;
     const int64_t host = host_[i] + offset_;
     if (!s.dma_size.empty() && dma_host.back() + s.dma_size.back() == host &&
-        dma_slot.back() + s.dma_size.back() == used && (offset_ > 0 || host < segment_end_)) {
+        dma_slot.back() + s.dma_size.back() == used && (offset_ > 0 || host < run_end_)) {
       s.dma_size.back() += n;  // the host run goes on
     } else {
-      if (range_end_) segment_end_ = range_end_(host);
+      if (range_end_) run_end_ = range_end_(host);
       dma_host.push_back(host);
       dma_slot.push_back(used);
       s.dma_size.push_back(n);

@@ -9,7 +9,7 @@
 
 namespace kvoffload {
 
-// What moves through one slot of the staged copy's ring: DMA segments (host <-> slot)
+// What moves through one slot of the staged copy's ring: host runs (host <-> slot)
 // and kernel pieces (slot <-> device blocks), each as [src..., dst..., size...] arrays.
 struct Slice {
   std::vector<int64_t> dma_src, dma_dst, dma_size;
@@ -19,10 +19,10 @@ struct Slice {
 // Cuts a valid batch (ValidateCopyBatch), in host address order, into slices of at most
 // slot_bytes, one at a time; every slice but the last is full. Copies are cut into
 // pieces of at most piece_bytes (and at slice ends); pieces whose host bytes go on make
-// one DMA segment. Slot addresses are offsets into the slot until the ring relocates
+// one host run. Slot addresses are offsets into the slot until the ring relocates
 // them. `load`: the host side is the source. Borrows the batch's arrays.
 // range_end(address), when given, is where the host memory holding `address` ends (its
-// page-locked registration): a DMA segment never goes past it, since cuMemcpyBatchAsync
+// page-locked registration): a host run never goes past it, since cuMemcpyBatchAsync
 // rejects a copy that spans two registrations.
 class SliceCutter {
  public:
@@ -44,7 +44,7 @@ class SliceCutter {
   int64_t at_ = 0;      // position in order_
   int64_t offset_ = 0;  // bytes of copy order_[at_] already cut
   RangeEnd range_end_;
-  int64_t segment_end_ = INT64_MAX;  // where the last DMA segment's host range ends
+  int64_t run_end_ = INT64_MAX;  // where the last host run's host range ends
 };
 
 }  // namespace kvoffload

@@ -52,8 +52,8 @@ std::vector<Slice> Cut(const Batch& b, bool load, int64_t slot_bytes, int64_t pi
 // Stream byte p (in 128 bits: the copies may add up past INT64_MAX) lies in slice
 // p / slot_bytes at slot offset p % slot_bytes. Within a slice, a copy's bytes are cut
 // into piece_bytes from where the copy (or the slice) starts; host-contiguous neighbours
-// in a slice share a DMA segment, unless a new copy would take the segment past the end
-// of the `edge`-byte range where the segment starts.
+// in a slice share a host run, unless a new copy would take the run past the end
+// of the `edge`-byte range where the run starts.
 std::vector<Slice> ReferenceSlices(const Batch& b, bool load, int64_t slot_bytes,
                                    int64_t piece_bytes, int64_t edge = 0) {
   const std::vector<int64_t>& host = load ? b.src : b.dst;
@@ -71,16 +71,16 @@ std::vector<Slice> ReferenceSlices(const Batch& b, bool load, int64_t slot_bytes
     const __int128 end = at + b.size[i];
     for (__int128 start = at; start < end;) {
       const __int128 slice = start / slot_bytes;
-      const __int128 segment_end = std::min(end, (slice + 1) * slot_bytes);
+      const __int128 run_end = std::min(end, (slice + 1) * slot_bytes);
       if (pieces.size() <= slice) pieces.resize(static_cast<size_t>(slice) + 1);
-      for (__int128 p = start; p < segment_end; p += piece_bytes) {
+      for (__int128 p = start; p < run_end; p += piece_bytes) {
         const int64_t offset = static_cast<int64_t>(p - at);
         pieces[slice].push_back({host[i] + offset, device[i] + offset,
                                  static_cast<int64_t>(p - slice * slot_bytes),
-                                 static_cast<int64_t>(std::min<__int128>(piece_bytes, segment_end - p)),
+                                 static_cast<int64_t>(std::min<__int128>(piece_bytes, run_end - p)),
                                  offset == 0});
       }
-      start = segment_end;
+      start = run_end;
     }
     at = end;
   }
@@ -109,7 +109,7 @@ std::vector<Slice> ReferenceSlices(const Batch& b, bool load, int64_t slot_bytes
 }
 
 // What holds however copies with the same host address are ordered: slices are full but
-// the last, pieces fill the slot in order, DMA segments are maximal and say where each
+// the last, pieces fill the slot in order, host runs are maximal and say where each
 // piece's host bytes are, and every byte of every copy moves exactly once.
 void CheckProperties(const Batch& b, bool load, int64_t slot_bytes, int64_t piece_bytes,
                      const std::vector<Slice>& slices) {
@@ -255,8 +255,8 @@ void TestRandomBatchesMatchReference(std::mt19937_64& rng) {
 }
 
 void TestExamples() {
-  // A load: copy 0 fills slice 0 in three pieces and one DMA segment; copies 1 and 2 share
-  // slice 1, in two DMA segments since their host bytes do not touch.
+  // A load: copy 0 fills slice 0 in three pieces and one host run; copies 1 and 2 share
+  // slice 1, in two host runs since their host bytes do not touch.
   Batch b{{1000, 1100, 2000}, {5000, 9000, 7000}, {100, 30, 50}};
   std::vector<Slice> s = Cut(b, true, 100, 40);
   EXPECT(s.size() == 2);
@@ -283,7 +283,7 @@ void TestExamples() {
     EXPECT((stored[1].dma_dst == std::vector<int64_t>{1100, 2000} &&
             stored[1].piece_src == std::vector<int64_t>{9000, 7000, 7040}));
   }
-  // Host-contiguous copies in one slice: one DMA segment, a piece each.
+  // Host-contiguous copies in one slice: one host run, a piece each.
   b = Batch{{0x10000, 0x10000 + 1000}, {1 << 30, 1 << 20}, {1000, 500}};
   s = Cut(b, true, 4096, 1024);
   EXPECT(s.size() == 1 && s[0].dma_size == std::vector<int64_t>{1500} &&

@@ -7,10 +7,10 @@
 
 namespace kvoffload {
 
-StreamUpload::StreamUpload(std::initializer_list<Part> parts, cudaStream_t stream)
+StreamUpload::StreamUpload(std::initializer_list<Array> arrays, cudaStream_t stream)
     : stream_(stream) {
   size_t bytes = 0;
-  for (const Part& p : parts) {
+  for (const Array& p : arrays) {
     offsets_.push_back(bytes);
     bytes += (p.bytes + 15) / 16 * 16;
   }
@@ -18,7 +18,7 @@ StreamUpload::StreamUpload(std::initializer_list<Part> parts, cudaStream_t strea
   PinnedBuffers& pinned = PinnedBuffers::Instance();
   char* host = static_cast<char*>(pinned.Acquire(bytes));
   size_t i = 0;
-  for (const Part& p : parts) std::memcpy(host + offsets_[i++], p.data, p.bytes);
+  for (const Array& p : arrays) std::memcpy(host + offsets_[i++], p.data, p.bytes);
   cudaError_t status = cudaMallocAsync(&device_, bytes, stream);
   if (status == cudaSuccess) {
     status = cudaMemcpyAsync(device_, host, bytes, cudaMemcpyHostToDevice, stream);

@@ -14,19 +14,19 @@ namespace kvoffload {
 // destroyed, so after every kernel enqueued on `stream` until then.
 class StreamUpload {
  public:
-  struct Part {
+  struct Array {
     const void* data;
     size_t bytes;
   };
-  // The parts one after another, each at a 16-byte boundary. Throws CudaError.
-  StreamUpload(std::initializer_list<Part> parts, cudaStream_t stream);
+  // The arrays one after another, each at a 16-byte boundary. Throws CudaError.
+  StreamUpload(std::initializer_list<Array> arrays, cudaStream_t stream);
   ~StreamUpload();
   StreamUpload(const StreamUpload&) = delete;
   StreamUpload& operator=(const StreamUpload&) = delete;
 
-  // Part i in device memory.
+  // Array i in device memory.
   template <typename T>
-  const T* part(size_t i) const {
+  const T* array(size_t i) const {
     return reinterpret_cast<const T*>(static_cast<const char*>(device_) + offsets_[i]);
   }
 

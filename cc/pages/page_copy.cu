@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The job's block ids (part 0) and segments (part 1) in device memory.
+// The job's block ids (array 0) and segments (array 1) in device memory.
 StreamUpload UploadJob(const PageJob& job, const std::vector<Segment>& segments,
                        cudaStream_t stream) {
   return StreamUpload({{job.block_ids, job.num_block_ids * sizeof(int64_t)},
@@ -68,8 +68,8 @@ void Launch(const DevicePageTable& table, const StreamUpload& job, int64_t segme
   const int64_t warps = end_unit - first_unit;
   const int ctas = static_cast<int>(
       std::min<int64_t>(max_ctas, (warps + kThreads / kWarpSize - 1) / (kThreads / kWarpSize)));
-  PageCopyKernel<<<ctas, kThreads, 0, stream>>>(table.device_refs(), job.part<int64_t>(0),
-                                                job.part<Segment>(1), segments, first_unit,
+  PageCopyKernel<<<ctas, kThreads, 0, stream>>>(table.device_refs(), job.array<int64_t>(0),
+                                                job.array<Segment>(1), segments, first_unit,
                                                 end_unit, slot, slot_first_byte, load);
   CheckCuda(cudaGetLastError(), "page copy kernel launch");
 }

@@ -137,7 +137,7 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
     import torch
 
     from kvoffload import compute_loop, meter
-    from kvoffload.steady_copies import PIECE_SECONDS, RawCopies, in_pieces
+    from kvoffload.steady_copies import CALL_SECONDS, RawCopies, in_calls
 
     with torch.cuda.device(device):
         rng = np.random.default_rng(0)
@@ -179,9 +179,9 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
             def source(method, direction, block):
                 pattern = "host_runs" if CANDIDATES[method].name == "staged" else "scattered"
                 rate = cal.rates[f"{method} {_KEY[direction]} {pattern}"][SIZES.index(block)]
-                piece = max(block, int(rate * 1e9 * PIECE_SECONDS) // block * block)
-                pieces = in_pieces(run(method, direction), *batch(direction, block, pattern), piece)
-                return lambda: RawCopies(torch, pieces, stream)
+                call_bytes = max(block, int(rate * 1e9 * CALL_SECONDS) // block * block)
+                calls = in_calls(run(method, direction), *batch(direction, block, pattern), call_bytes)
+                return lambda: RawCopies(torch, calls, stream)
 
             points = [(m, d, b) for d in Direction for m in CANDIDATES for b in BESIDE_SIZES]
             got = meter.measure(loop, {point: source(*point) for point in points}, **windows)

@@ -14,17 +14,17 @@ PAGE = 4096
 
 @dataclasses.dataclass(frozen=True)
 class ChunkRun:
-    """Bytes [start, end) of a pool hold whole units of ``unit`` bytes (chunks, or a
-    tensor's chunk slots) that no edge may cut."""
+    """Bytes [start, end) of a pool hold whole chunks of ``chunk_bytes`` (a chunk, or a
+    tensor's slot in each chunk) that no edge may cut."""
 
     start: int
-    unit: int
+    chunk_bytes: int
     end: int
 
 
 class _Runs:
     def __init__(self, runs):
-        self.runs = sorted((r for r in runs if r.unit > 0 and r.end > r.start), key=lambda r: r.start)
+        self.runs = sorted((r for r in runs if r.chunk_bytes > 0 and r.end > r.start), key=lambda r: r.start)
         self.starts = [r.start for r in self.runs]
 
     def cutting(self, at: int) -> ChunkRun | None:
@@ -41,10 +41,10 @@ class _Runs:
             run = self.cutting(at)
             if run is None:
                 return at
-            unit_edge = at - (at - run.start) % run.unit
-            if unit_edge == at:
+            chunk_edge = at - (at - run.start) % run.chunk_bytes
+            if chunk_edge == at:
                 return at
-            at = unit_edge - unit_edge % PAGE
+            at = chunk_edge - chunk_edge % PAGE
         return None
 
     def ceil_edge(self, at: int, high: int) -> int:
@@ -54,10 +54,10 @@ class _Runs:
             run = self.cutting(at)
             if run is None:
                 return at
-            unit_edge = at + (-(at - run.start)) % run.unit
-            if unit_edge == at:
+            chunk_edge = at + (-(at - run.start)) % run.chunk_bytes
+            if chunk_edge == at:
                 return at
-            at = -(-unit_edge // PAGE) * PAGE
+            at = -(-chunk_edge // PAGE) * PAGE
         return high
 
 

@@ -63,29 +63,29 @@ class BulkCopies:
 
 # A call of a raw-pointer source lasts about this long alone: short against the meter's
 # margin, so that its copies drain before the idle window after theirs.
-PIECE_SECONDS = 0.02
+CALL_SECONDS = 0.02
 
 
-def in_pieces(copy, src, dst, sizes, piece_bytes: int) -> list[tuple]:
-    """``copy(src, dst, sizes)`` as calls of about ``piece_bytes`` each: (call, bytes) in
+def in_calls(copy, src, dst, sizes, call_bytes: int) -> list[tuple]:
+    """``copy(src, dst, sizes)`` as calls of about ``call_bytes`` each: (call, bytes) in
     order, every copy in one of them."""
-    _require_int("piece_bytes", piece_bytes, 1)
+    _require_int("call_bytes", call_bytes, 1)
     ends = np.cumsum(sizes)
-    cuts = np.searchsorted(ends, np.arange(piece_bytes, ends[-1] if len(ends) else 0, piece_bytes)) + 1
+    cuts = np.searchsorted(ends, np.arange(call_bytes, ends[-1] if len(ends) else 0, call_bytes)) + 1
     bounds = np.unique(np.concatenate(([0], cuts, [len(sizes)]))).tolist()
     return [(functools.partial(copy, src[a:b], dst[a:b], sizes[a:b]), int(np.sum(sizes[a:b])))
             for a, b in zip(bounds, bounds[1:])]
 
 
 class RawCopies:
-    """Calls that each enqueue copies on ``stream``, ``pieces`` as (call, bytes) taken in
-    turn (in_pieces), ``depth`` calls in flight: one raw-pointer method on one batch."""
+    """Calls that each enqueue copies on ``stream``, ``calls`` as (call, bytes) taken in
+    turn (in_calls), ``depth`` calls in flight: one raw-pointer method on one batch."""
 
-    def __init__(self, torch, pieces: list[tuple], stream, depth: int = 2):
-        if not pieces:
-            raise ValueError("pieces: expected (call, bytes) pairs, got none")
+    def __init__(self, torch, calls: list[tuple], stream, depth: int = 2):
+        if not calls:
+            raise ValueError("calls: expected (call, bytes) pairs, got none")
         self.torch, self.stream = torch, stream
-        self.pieces = itertools.cycle(list(pieces))
+        self.calls = itertools.cycle(list(calls))
         self.depth = _require_int("depth", depth, 1)
         self.flying = []  # (event, bytes)
         self.moved = 0
@@ -94,7 +94,7 @@ class RawCopies:
         while self.flying and self.flying[0][0].query():
             self.moved += self.flying.pop(0)[1]
         while len(self.flying) < self.depth:
-            call, nbytes = next(self.pieces)
+            call, nbytes = next(self.calls)
             call()
             event = self.torch.cuda.Event()
             event.record(self.stream)
