@@ -44,9 +44,9 @@ def test_a_forced_method_takes_its_path_both_ways_and_names_it_back():
 
 
 def test_a_page_method_object_names_its_bad_options():
-    with pytest.raises(ValueError, match="ctas: must be in"):
+    with pytest.raises(ValueError, match="ctas: must be >= 1, got 0"):
         page_methods.Pages(ctas=0)
-    with pytest.raises(ValueError, match="ctas: must be in"):
+    with pytest.raises(ValueError, match=f"ctas: must be <= {page_methods.Pages.MAX_CTAS}"):
         page_methods.Pages(ctas=page_methods.Pages.MAX_CTAS + 1)
     with pytest.raises(TypeError, match="ctas: expected an int, got bool"):
         page_methods.Pages(ctas=True)

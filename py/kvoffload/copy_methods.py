@@ -14,6 +14,7 @@ import numpy as np
 
 from kvoffload.batch_copy import (KERNEL_CTAS, STAGED_CTAS, STAGED_SLOT_BYTES, STAGED_SLOTS, CopyResult,
                                   SrcAccessOrder, batch_copy, kernel_copy, staged_copy)
+from kvoffload.ints import is_int
 from kvoffload.registry import UNCHECKED
 from kvoffload.vocabulary import Direction
 
@@ -30,7 +31,7 @@ def _check_options(method) -> None:
     before any CUDA call) on an empty batch."""
     for field in dataclasses.fields(method):
         value, limit = getattr(method, field.name), 1 << (field.metadata["bits"] - 1)
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        if not is_int(value):
             raise TypeError(f"{field.name}: expected an int, got {type(value).__name__}")
         if not -limit <= value < limit:
             raise ValueError(f"{field.name}: {value} does not fit in {field.metadata['bits']} bits")

@@ -48,12 +48,13 @@ from kvoffload import calibration
 from kvoffload.auto import Auto
 from kvoffload.batch_copy import batch_entry_point_version, load_kernels
 from kvoffload.host_pool import HostPool, PoolOptions
+from kvoffload.ints import require_int
 from kvoffload.job_methods import JobCopy, Method, PageJobs, PlannedJobs, method_object
 from kvoffload.lane_accesses import LaneAccesses, LazyKeys
 from kvoffload.lane_conflicts import LaneConflicts
 from kvoffload.page_methods import Pages
 from kvoffload.page_table import ChunkParts, job_arguments, job_names, key_offsets, page_table
-from kvoffload.planner import (CPUSpec, GPUSpec, KVLayout, _require_int, check_shared, chunks_used,
+from kvoffload.planner import (CPUSpec, GPUSpec, KVLayout, check_shared, chunks_used,
                                tensor_pages)
 from kvoffload.pool_layout import check_places, chunk_runs, chunks_reach, kv_layout, pool_bytes, tensor_owners
 from kvoffload.registry import MemoryRegistry, tensor_span
@@ -156,7 +157,7 @@ class OffloadHandler:
         import torch
 
         gpu_tensors = [list(group) for group in gpu_tensors]
-        _require_int("blocks_per_chunk", blocks_per_chunk, 1)
+        require_int("blocks_per_chunk", blocks_per_chunk, 1)
         devices = {t.device for group in gpu_tensors for t in group}
         if not devices:
             raise ValueError(f"gpu_tensors: no tensors in its {len(gpu_tensors)} groups")
@@ -168,7 +169,7 @@ class OffloadHandler:
         if not isinstance(num_cpu_chunks, Iterable):
             raise TypeError(f"num_cpu_chunks: expected an int or one per group, got "
                             f"{type(num_cpu_chunks).__name__}")
-        num_cpu_chunks = [_require_int(f"num_cpu_chunks[{g}]", n, 0) for g, n in enumerate(num_cpu_chunks)]
+        num_cpu_chunks = [require_int(f"num_cpu_chunks[{g}]", n, 0) for g, n in enumerate(num_cpu_chunks)]
         if len(num_cpu_chunks) != len(gpu_tensors):
             raise ValueError(f"num_cpu_chunks: has {len(num_cpu_chunks)} entries for "
                              f"{len(gpu_tensors)} groups")

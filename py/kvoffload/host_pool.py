@@ -21,6 +21,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from kvoffload import _C, numa
+from kvoffload.ints import is_int
 from kvoffload.planner import TransferPlan
 from kvoffload.pool_memory import HUGE_PAGES, PinnedMemoryError, PoolMemory
 from kvoffload.pool_pieces import ChunkRun, piece_ends, split_at
@@ -66,20 +67,16 @@ class PoolOptions:
         for field in ("background", "wait_for_pinning"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"{field}: expected True or False, got {getattr(self, field)!r}")
-        if self.threads is not None and (not _is_int(self.threads) or self.threads < 1):
+        if self.threads is not None and (not is_int(self.threads) or self.threads < 1):
             raise ValueError(f"threads: expected None or an int >= 1, got {self.threads!r}")
-        if self.numa_node is not None and (not _is_int(self.numa_node) or self.numa_node < 0):
+        if self.numa_node is not None and (not is_int(self.numa_node) or self.numa_node < 0):
             raise ValueError(f"numa_node: expected None or an int >= 0, got {self.numa_node!r}")
-        if not _is_int(self.register_threads) or self.register_threads < 1:
+        if not is_int(self.register_threads) or self.register_threads < 1:
             raise ValueError(f"register_threads: expected an int >= 1, got {self.register_threads!r}")
-        if not _is_int(self.piece_bytes) or self.piece_bytes < 4096:
+        if not is_int(self.piece_bytes) or self.piece_bytes < 4096:
             raise ValueError(f"piece_bytes: expected an int >= 4096, got {self.piece_bytes!r}")
-        if not _is_int(self.progress_bytes) or self.progress_bytes < 0:
+        if not is_int(self.progress_bytes) or self.progress_bytes < 0:
             raise ValueError(f"progress_bytes: expected an int >= 0, got {self.progress_bytes!r}")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 class HostPool:
@@ -94,7 +91,7 @@ class HostPool:
 
     def __init__(self, nbytes: int, *, buffer=None, pinned: bool = True, device: int = 0,
                  chunk_runs: Sequence[ChunkRun] = (), options: PoolOptions | None = None):
-        if not isinstance(nbytes, (int, np.integer)) or isinstance(nbytes, bool) or nbytes < 0:
+        if not is_int(nbytes) or nbytes < 0:
             raise ValueError(f"nbytes: expected an int >= 0, got {nbytes!r}")
         self.nbytes = int(nbytes)
         self.options = options if options is not None else PoolOptions()

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Callable, Protocol
 
-from kvoffload.planner import _require_int
+from kvoffload.ints import require_int
 
 # Steps enqueued ahead of the GPU. The driver's launch queue holds about 70 steps of one
 # layer (190 ms on the H200); past it a launch blocks, and with it the copies' submission.
@@ -157,7 +157,7 @@ def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = 
     steps = steps if steps is not None else max(STEPS, math.ceil(WINDOW_SECONDS / loop.step_seconds))
     margin = margin if margin is not None else max(4, math.ceil(MARGIN_SECONDS / loop.step_seconds))
     for name, value, least in (("steps", steps, 1), ("rounds", rounds, 1), ("margin", margin, 2)):
-        _require_int(name, value, least)
+        require_int(name, value, least)
     names = list(sources)
     # Phases in order: None is idle.
     phases: list[str | None] = [None]

@@ -13,9 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-import numpy as np
-
 from kvoffload import _C
+from kvoffload.ints import require_int
 from kvoffload.vocabulary import Direction
 
 PagePath = _C.PagePath
@@ -46,10 +45,7 @@ class Pages:
     def __post_init__(self):
         if self.path is not None and self.path not in FORCED.values():
             raise ValueError(f"path: expected None or one of {list(FORCED.values())}, got {self.path!r}")
-        if not isinstance(self.ctas, (int, np.integer)) or isinstance(self.ctas, bool):
-            raise TypeError(f"ctas: expected an int, got {type(self.ctas).__name__}")
-        if not 1 <= self.ctas <= self.MAX_CTAS:
-            raise ValueError(f"ctas: must be in [1, {self.MAX_CTAS}], got {self.ctas}")
+        require_int("ctas", self.ctas, 1, self.MAX_CTAS)
 
     @classmethod
     def named(cls, method: str) -> Pages:

@@ -23,16 +23,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from kvoffload import _C
+from kvoffload.ints import is_int, require_int
 
 _ADDRESS_END = 2**63 - 1  # no extent may end past it
-
-
-def _require_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name}: must be >= {minimum}, got {value}")
-    return int(value)
 
 
 def _int64_vector(name: str, values) -> np.ndarray:
@@ -68,11 +61,11 @@ class TensorLayout:
     cpu_stride: int
 
     def __post_init__(self):
-        _require_int("gpu_base", self.gpu_base, 1)
-        _require_int("cpu_base", self.cpu_base, 1)
-        _require_int("page_bytes", self.page_bytes, 1)
-        _require_int("gpu_stride", self.gpu_stride, self.page_bytes)
-        _require_int("cpu_stride", self.cpu_stride, self.page_bytes)
+        require_int("gpu_base", self.gpu_base, 1)
+        require_int("cpu_base", self.cpu_base, 1)
+        require_int("page_bytes", self.page_bytes, 1)
+        require_int("gpu_stride", self.gpu_stride, self.page_bytes)
+        require_int("cpu_stride", self.cpu_stride, self.page_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +76,8 @@ class GroupLayout:
 
     def __post_init__(self):
         object.__setattr__(self, "tensors", tuple(self.tensors))
-        _require_int("num_gpu_blocks", self.num_gpu_blocks, 0)
-        _require_int("num_cpu_chunks", self.num_cpu_chunks, 0)
+        require_int("num_gpu_blocks", self.num_gpu_blocks, 0)
+        require_int("num_cpu_chunks", self.num_cpu_chunks, 0)
         if not all(isinstance(t, TensorLayout) for t in self.tensors):
             raise TypeError("tensors: expected TensorLayout entries")
 
@@ -138,7 +131,7 @@ class KVLayout:
 
     def __post_init__(self):
         object.__setattr__(self, "groups", tuple(self.groups))
-        _require_int("blocks_per_chunk", self.blocks_per_chunk, 1)
+        require_int("blocks_per_chunk", self.blocks_per_chunk, 1)
         unshared = tuple(range(len(self.groups)))
         object.__setattr__(self, "gpu_alias", unshared)
         object.__setattr__(self, "cpu_alias", unshared)
@@ -267,14 +260,14 @@ def tensor_pages(gpu: Sequence[Sequence], page_bytes: Sequence | None = None,
             pages.append(blocks)
             continue
         given = page_bytes[g]
-        if isinstance(given, (int, np.integer)) and not isinstance(given, bool):
+        if is_int(given):
             given, where = [given] * len(blocks), [f"page_bytes[{g}]"] * len(blocks)
         else:
             given = list(given)
             if len(given) != len(blocks):
                 raise ValueError(f"page_bytes[{g}]: has {len(given)} entries for {len(blocks)} tensors")
             where = [f"page_bytes[{g}][{i}]" for i in range(len(blocks))]
-        group_pages = [_require_int(w, page, 1) for w, page in zip(where, given)]
+        group_pages = [require_int(w, page, 1) for w, page in zip(where, given)]
         for w, page, block in zip(where, group_pages, blocks):
             if page > block:
                 raise ValueError(f"{w}: {page} exceeds the {block}-byte GPU block")
@@ -302,7 +295,7 @@ class GPUSpec:
             except TypeError:
                 raise TypeError(f"{name(field)}: expected a sequence of ints, got "
                                 f"{type(getattr(self, field)).__name__}") from None
-            object.__setattr__(self, field, tuple(_require_int(f"{name(field)}[{g}]", n, 0)
+            object.__setattr__(self, field, tuple(require_int(f"{name(field)}[{g}]", n, 0)
                                                   for g, n in enumerate(values)))
         sizes, firsts = self.group_sizes, self.block_indices
         if len(firsts) != len(sizes):

@@ -24,7 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
-from kvoffload.planner import KVLayout, _require_int, alias_classes
+from kvoffload.ints import require_int
+from kvoffload.planner import KVLayout, alias_classes
 from kvoffload.pool_pieces import ChunkRun
 
 CPU_LAYOUTS = ("chunk_major", "per_tensor")
@@ -158,8 +159,8 @@ def check_places(cpu_places, pages: Sequence[Sequence[int]], num_chunks: Sequenc
             name = f"cpu_places[{g}][{t}]"
             if isinstance(place, (str, bytes)) or not isinstance(place, Sequence) or len(place) != 2:
                 raise TypeError(f"{name}: expected (offset, stride), got {place!r}")
-            offset = _require_int(f"{name}[0]", place[0], 0)
-            stride = _require_int(f"{name}[1]", place[1], blocks_per_chunk * page)
+            offset = require_int(f"{name}[0]", place[0], 0)
+            stride = require_int(f"{name}[1]", place[1], blocks_per_chunk * page)
             end = offset + (num_chunks[g] - 1) * stride + blocks_per_chunk * page if num_chunks[g] else offset
             if end > buffer_bytes:
                 raise ValueError(f"{name}: chunk {num_chunks[g] - 1} ends at byte {end}, past the "

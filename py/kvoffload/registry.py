@@ -25,6 +25,7 @@ import dataclasses
 import numpy as np
 
 from kvoffload import _C
+from kvoffload.ints import require_int
 from kvoffload.vocabulary import MemoryKind
 
 ANY = "any"  # a check's kind: either
@@ -58,12 +59,6 @@ class Region:
 
     def overlaps(self, start: int, end: int) -> bool:
         return self.start < end and start < self.end
-
-
-def _int(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{what}: expected an int, got {type(value).__name__}")
-    return int(value)
 
 
 def _int64_array(values, name: str) -> np.ndarray:
@@ -139,7 +134,7 @@ class MemoryRegistry:
         The memory must stay allocated until ``unregister(name)``; ``owner`` is kept alive
         until then."""
         kind = MemoryKind.parse(kind, "kind")
-        start, nbytes = _int(start, "start"), _int(nbytes, "nbytes")
+        start, nbytes = require_int("start", start), require_int("nbytes", nbytes)
         if start <= 0 or nbytes <= 0:
             raise ValueError(f"{name}: needs a positive address and size, got {start:#x}, {nbytes}")
         if nbytes > _END - start:

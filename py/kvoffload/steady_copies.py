@@ -10,7 +10,7 @@ import itertools
 
 import numpy as np
 
-from kvoffload.planner import _require_int
+from kvoffload.ints import require_int
 
 DIRECTIONS = ("store", "load", "both")
 
@@ -28,8 +28,8 @@ class BulkCopies:
 
     def __init__(self, torch, direction: str, job_bytes: int = 256 << 20, depth: int = 2, device="cuda"):
         directions = _directions(direction)
-        _require_int("job_bytes", job_bytes, 1)
-        self.torch, self.depth = torch, _require_int("depth", depth, 1)
+        require_int("job_bytes", job_bytes, 1)
+        self.torch, self.depth = torch, require_int("depth", depth, 1)
         self.lanes = {}
         for d in directions:
             host = torch.empty(job_bytes, dtype=torch.uint8, pin_memory=True)
@@ -69,7 +69,7 @@ CALL_SECONDS = 0.02
 def in_calls(copy, src, dst, sizes, call_bytes: int) -> list[tuple]:
     """``copy(src, dst, sizes)`` as calls of about ``call_bytes`` each: (call, bytes) in
     order, every copy in one of them."""
-    _require_int("call_bytes", call_bytes, 1)
+    require_int("call_bytes", call_bytes, 1)
     ends = np.cumsum(sizes)
     cuts = np.searchsorted(ends, np.arange(call_bytes, ends[-1] if len(ends) else 0, call_bytes)) + 1
     bounds = np.unique(np.concatenate(([0], cuts, [len(sizes)]))).tolist()
@@ -86,7 +86,7 @@ class RawCopies:
             raise ValueError("calls: expected (call, bytes) pairs, got none")
         self.torch, self.stream = torch, stream
         self.calls = itertools.cycle(list(calls))
-        self.depth = _require_int("depth", depth, 1)
+        self.depth = require_int("depth", depth, 1)
         self.flying = []  # (event, bytes)
         self.moved = 0
 
@@ -140,7 +140,7 @@ class WorkerCopies:
             if not jobs.get(d):
                 raise ValueError(f"jobs[{d!r}]: expected (GPU spec, CPU spec) pairs for a {direction!r} "
                                  f"source, got {jobs.get(d)!r}")
-        self.worker, self.depth = worker, _require_int("depth", depth, 1)
+        self.worker, self.depth = worker, require_int("depth", depth, 1)
         self.specs = {d: itertools.cycle(list(jobs[d])) for d in directions}
         self.flying: dict[str, set] = {d: set() for d in self.specs}
         self.direction_of: dict[int, str] = {}
