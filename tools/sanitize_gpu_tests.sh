@@ -54,7 +54,7 @@ if [[ $jobs -gt 1 ]]; then
       sanitize "$0" "$log" "$1"; rc=$?
       # A file whose tests all skip (the two-GPU tests on one GPU) makes no CUDA call.
       if grep -q "before first instrumented API call" "$log" && grep -qE "^[0-9]+ skipped in" "$log"; then rc=0; fi
-      echo "$0 $1: exit $rc; $(grep -h "ERROR SUMMARY" "$log" | tail -1 | tr -s "= " " "); $(grep -hE "[0-9]+ (passed|failed|skipped)" "$log" | tail -1)"
+      echo "$0 $1: exit $rc; $(grep -hE "(ERROR|RACECHECK) SUMMARY" "$log" | tail -1 | sed "s/.*=== //"); $(grep -hE "[0-9]+ (passed|failed|skipped)" "$log" | tail -1)"
       exit $(( rc != 0 ))'
   exit $?
 fi
