@@ -17,7 +17,7 @@ def test_every_name_is_a_method_object_of_that_name(name):
 
 
 def test_objects_pass_through_and_anything_else_is_named():
-    for method in (kv.Pages(kv.Pages.named("pages_kernel").path, ctas=3), kv.Auto(None), Batch(), Kernel(max_ctas=2)):
+    for method in (kv.Pages(kv.PagePath.KERNEL, ctas=3), kv.Auto(None), Batch(), Kernel(max_ctas=2)):
         assert job_methods.method_object(method) is method
     for bad in ("pages_fast", 3, None, "Pages"):
         with pytest.raises(ValueError, match=r"^method: expected one of \('auto', "):

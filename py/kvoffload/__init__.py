@@ -22,7 +22,7 @@ from kvoffload.calibration import CalibrationCacheError
 from kvoffload.handler import OffloadHandler, TransferResult
 from kvoffload.host_pool import PoolNotReadyError, PoolOptions
 from kvoffload.ordering import UnsafeCopyError
-from kvoffload.page_methods import Pages
+from kvoffload.page_methods import PagePath, Pages
 from kvoffload.planner import CPUSpec, GPUSpec
 from kvoffload.pool_memory import PinnedMemoryError
 from kvoffload.registry import UNCHECKED, MemoryRegistry
@@ -35,6 +35,7 @@ __all__ = [
     "CPUSpec",
     "PoolOptions",
     "Pages",
+    "PagePath",
     "Auto",
     "TransferResult",
     "PinnedMemoryError",
