@@ -5,11 +5,11 @@
 #include <string>
 #include <vector>
 
+#include "cc/copy/warp_copy.h"
 #include "cc/cuda/cuda_check.h"
 #include "cc/cuda/load_kernel.h"
-#include "cc/pool/memory_reach.h"
 #include "cc/cuda/stream_device.h"
-#include "cc/copy/warp_copy.h"
+#include "cc/pool/memory_reach.h"
 
 namespace kvoffload {
 namespace {

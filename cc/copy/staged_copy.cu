@@ -9,11 +9,11 @@
 
 #include "cc/copy/batch_copy.h"
 #include "cc/copy/copy_kernel.h"
-#include "cc/cuda/cuda_check.h"
-#include "cc/pool/memory_reach.h"
 #include "cc/copy/slice_cutter.h"
 #include "cc/copy/staging_ring.h"
+#include "cc/cuda/cuda_check.h"
 #include "cc/cuda/stream_device.h"
+#include "cc/pool/memory_reach.h"
 
 namespace kvoffload {
 namespace {

@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "cc/pages/block_geometry.h"
 #include "cc/copy/copy_batch.h"
+#include "cc/pages/block_geometry.h"
 
 namespace kvoffload {
 

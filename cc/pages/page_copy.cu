@@ -8,14 +8,14 @@
 #include <vector>
 
 #include "cc/copy/batch_copy.h"
-#include "cc/cuda/cuda_check.h"
-#include "cc/cuda/load_kernel.h"
-#include "cc/pool/memory_reach.h"
-#include "cc/pages/page_address.h"
 #include "cc/copy/staging_ring.h"
-#include "cc/cuda/stream_device.h"
 #include "cc/copy/stream_upload.h"
 #include "cc/copy/warp_copy.h"
+#include "cc/cuda/cuda_check.h"
+#include "cc/cuda/load_kernel.h"
+#include "cc/cuda/stream_device.h"
+#include "cc/pages/page_address.h"
+#include "cc/pool/memory_reach.h"
 
 namespace kvoffload {
 namespace {

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "cc/copy/batch_copy.h"
-#include "cc/cuda/cuda_error.h"
 #include "cc/copy/host_copy.h"
+#include "cc/cuda/cuda_error.h"
 
 int main() {
   std::mt19937 gen(7);

@@ -10,17 +10,17 @@
 #include <vector>
 
 #include "cc/copy/batch_copy.h"
-#include "cc/pages/block_geometry.h"
-#include "cc/pages/block_mapping.h"
 #include "cc/copy/copy_batch.h"
 #include "cc/copy/copy_kernel.h"
 #include "cc/copy/copy_path.h"
-#include "cc/cuda/cuda_check.h"
 #include "cc/copy/host_copy.h"
+#include "cc/copy/staged_copy.h"
+#include "cc/cuda/cuda_check.h"
+#include "cc/cuda/stream_device.h"
+#include "cc/pages/block_geometry.h"
+#include "cc/pages/block_mapping.h"
 #include "cc/pages/page_copy.h"
 #include "cc/util/recycled_buffer.h"
-#include "cc/copy/staged_copy.h"
-#include "cc/cuda/stream_device.h"
 #include "py/kvoffload/bindings.h"
 
 namespace kvoffload {

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "cc/copy/copy_path.h"
+#include "cc/cuda/stream_device.h"
 #include "cc/pages/page_copy.h"
 #include "cc/pages/page_table.h"
 #include "cc/util/recycled_buffer.h"
-#include "cc/cuda/stream_device.h"
 #include "py/kvoffload/bindings.h"
 
 namespace kvoffload {
