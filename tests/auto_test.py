@@ -99,7 +99,7 @@ def test_chosen_reads_the_job_size_and_host_runs_off_the_copies(monkeypatch):
     assert auto.choose(cal, "store", mixed.mean(), 0)[1] < 40
     monkeypatch.setattr(auto, "choose", lambda cal, direction, copy_bytes, runs, slowdown: (str(copy_bytes), 0))
     assert auto.chosen(gpu, scattered, mixed, direction="store", registry=kv.UNCHECKED) == str(mixed.mean())
-    for bad in (float("nan"), -0.01, "2%", np.float32(-1)):
+    for bad in (float("nan"), -0.01, "2%", np.float32(-1), True, np.bool_(False)):
         with pytest.raises(ValueError, match="max_slowdown: must be a number >= 0 or None"):
             auto.chosen(gpu, runs, sizes, direction="store", registry=kv.UNCHECKED, max_slowdown=bad)
 

@@ -245,3 +245,5 @@ def test_the_extra_keys_become_handler_options_and_max_slowdown_belongs_to_auto(
         handler_options({"kvoffload_max_slowdown": 0.05})
     with pytest.raises(ValueError, match="kvoffload_max_slowdown: max_slowdown: must be a number >= 0"):
         handler_options({"kvoffload_method": "auto", "kvoffload_max_slowdown": "fast"})
+    with pytest.raises(ValueError, match="kvoffload_max_slowdown: max_slowdown: must be a number >= 0"):
+        handler_options({"kvoffload_method": "auto", "kvoffload_max_slowdown": True})

@@ -113,6 +113,7 @@ class Auto:
 
 
 def check_max_slowdown(max_slowdown) -> None:
-    """A number >= 0 (numpy's too) or None."""
-    if max_slowdown is not None and not (isinstance(max_slowdown, numbers.Real) and max_slowdown >= 0):
+    """A number >= 0 (numpy's too) or None; not a bool, which JSON configs give for a typo."""
+    if max_slowdown is not None and not (isinstance(max_slowdown, numbers.Real) and max_slowdown >= 0
+                                         and not isinstance(max_slowdown, (bool, np.bool_))):
         raise ValueError(f"max_slowdown: must be a number >= 0 or None, got {max_slowdown!r}")
