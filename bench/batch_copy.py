@@ -137,9 +137,9 @@ class PageJobs:
         chunks = scattered_offsets(rng, -(-count // self.bpc), self.bpc * self.block, self.pool)
         return blocks, chunks // (self.bpc * self.block), [count], [0]
 
-    def copy(self, job, load, stream, method):
+    def copy(self, job, direction, stream, method):
         """The job by a forced page method (page_methods.FORCED: pages_staged, ...)."""
-        return self.table.copy(*job, load=load, stream=stream, path=page_methods.FORCED[method],
+        return self.table.copy(*job, direction=kv.Direction.parse(direction, "direction").native, stream=stream, path=page_methods.FORCED[method],
                                max_ctas=FLAGS.page_ctas, slot_bytes=FLAGS.page_slot_mib << 20,
                                slots=FLAGS.page_slots)
 
@@ -205,7 +205,7 @@ def measure_gpu(rng, rows, machine):
             jobs[direction] = pages.job(rng, count)
             for method in FLAGS.methods:
                 if method.startswith("pages_"):
-                    copy = functools.partial(pages.copy, jobs[direction], direction == "load", stream, method)
+                    copy = functools.partial(pages.copy, jobs[direction], direction, stream, method)
                 row = dict(method=method, direction=direction, block_bytes=block)
                 if method.startswith("auto"):  # the candidate it takes for this job
                     row["chosen"] = auto.chosen(s, d, sizes, stream, direction=direction, **UNCHECKED,
@@ -221,8 +221,8 @@ def measure_gpu(rng, rows, machine):
             store = (job[0][:half], job[1][: half // pages.bpc], [half], [0])
             load = (job[0][half:2 * half], job[1][half // pages.bpc: 2 * half // pages.bpc], [half], [0])
             for method in [m for m in FLAGS.methods if m.startswith("pages_")]:
-                copies = [functools.partial(pages.copy, store, False, streams["store"], method),
-                          functools.partial(pages.copy, load, True, streams["load"], method)]
+                copies = [functools.partial(pages.copy, store, "store", streams["store"], method),
+                          functools.partial(pages.copy, load, "load", streams["load"], method)]
                 seconds = min(both_at_once(torch, streams, copies) for _ in range(FLAGS.repeats))
                 rows.append(dict(method=method, direction="both", block_bytes=block,
                                  seconds=seconds * moved / (half * block)))

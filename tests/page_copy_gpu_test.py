@@ -16,6 +16,8 @@ from kvoffload.page_table import UNIT_BYTES, page_table
 from kvoffload.planner import chunks_used
 from scale import scaled
 
+LOAD, STORE = _C.Direction.LOAD, _C.Direction.STORE
+
 PATHS = (_C.PagePath.STAGED, _C.PagePath.KERNEL, _C.PagePath.DMA)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -95,7 +97,7 @@ def test_random_jobs_match_the_model(seed, pages, bpc, cpu_layout, padding, path
     for step in range(4):
         ids, chunk_ids, sizes, firsts = random_job(rng, cache, chunks)
         load = step % 2 == 1
-        result = cache.table.copy(ids, chunk_ids, sizes, firsts, load=load, stream=stream,
+        result = cache.table.copy(ids, chunk_ids, sizes, firsts, direction=LOAD if load else STORE, stream=stream,
                                   path=path, max_ctas=ctas, slot_bytes=slot_bytes, slots=slots)
         getattr(cache.model, "load" if load else "store")(ids, sizes, firsts, chunk_ids)
         expected = sum(p * n * k for p, n, k in zip(pages, sizes, tensors))
@@ -108,14 +110,14 @@ def test_loads_and_stores_in_flight_at_once_on_disjoint_blocks(path):
     rng = np.random.default_rng(3)
     cache = Cache(rng, [4096], [4], 256, 64, 4, "chunk_major", 0)
     store_stream, load_stream = torch.cuda.Stream(), torch.cuda.Stream()
-    cache.table.copy(np.arange(0, 128), np.arange(0, 32), [128], [0], load=False,
+    cache.table.copy(np.arange(0, 128), np.arange(0, 32), [128], [0], direction=STORE,
                      stream=store_stream, path=path, slot_bytes=UNIT_BYTES * 4)
     torch.cuda.synchronize()
     cache.model.store(np.arange(0, 128), [128], [0], np.arange(0, 32))
     for _ in range(scaled(5)):
-        cache.table.copy(np.arange(128, 256), np.arange(32, 64), [128], [0], load=False,
+        cache.table.copy(np.arange(128, 256), np.arange(32, 64), [128], [0], direction=STORE,
                          stream=store_stream, path=path, slot_bytes=UNIT_BYTES * 4)
-        cache.table.copy(np.arange(128)[::-1].copy(), np.arange(0, 32), [128], [0], load=True,
+        cache.table.copy(np.arange(128)[::-1].copy(), np.arange(0, 32), [128], [0], direction=LOAD,
                          stream=load_stream, path=path, slot_bytes=UNIT_BYTES * 4)
     cache.model.store(np.arange(128, 256), [128], [0], np.arange(32, 64))
     cache.model.load(np.arange(128)[::-1].copy(), [128], [0], np.arange(0, 32))
@@ -129,9 +131,9 @@ def test_stream_order_a_load_after_a_store_reads_what_it_wrote():
     for _ in range(scaled(10)):
         ids = rng.permutation(64)[:16]
         chunks = rng.permutation(16)[:4]
-        cache.table.copy(ids, chunks, [16], [0], load=False, stream=stream, slot_bytes=UNIT_BYTES)
+        cache.table.copy(ids, chunks, [16], [0], direction=STORE, stream=stream, slot_bytes=UNIT_BYTES)
         back = rng.permutation(64)[:16]
-        cache.table.copy(back, chunks, [16], [0], load=True, stream=stream, slot_bytes=UNIT_BYTES)
+        cache.table.copy(back, chunks, [16], [0], direction=LOAD, stream=stream, slot_bytes=UNIT_BYTES)
         cache.model.store(ids, [16], [0], chunks)
         cache.model.load(back, [16], [0], chunks)
     cache.check()
@@ -146,7 +148,7 @@ def test_a_copy_on_another_ring_does_not_queue_behind_a_blocked_ring():
     # A process's first page copy waits for the work enqueued on the device (README):
     # both rings copy once before the spin.
     for ring in (0, 1):
-        cache.table.copy([0], [0], [1], [0], load=True, stream=own, ring=ring)
+        cache.table.copy([0], [0], [1], [0], direction=LOAD, stream=own, ring=ring)
         cache.model.load([0], [1], [0], [0])
     own.synchronize()
     with torch.cuda.stream(held):
@@ -154,7 +156,7 @@ def test_a_copy_on_another_ring_does_not_queue_behind_a_blocked_ring():
     blocks = rng.permutation(64)  # disjoint: the copies land in another order than submitted
     jobs = [(blocks[8 * i:8 * i + 8], rng.permutation(16)[:2]) for i in range(3)]
     for (ids, chunks), stream, ring in zip(jobs, (held, behind, own), (0, 0, 1)):
-        cache.table.copy(ids, chunks, [8], [0], load=True, stream=stream, ring=ring)
+        cache.table.copy(ids, chunks, [8], [0], direction=LOAD, stream=stream, ring=ring)
     own.synchronize()
     assert not held.query() and not behind.query()
     torch.cuda.synchronize()
@@ -162,7 +164,7 @@ def test_a_copy_on_another_ring_does_not_queue_behind_a_blocked_ring():
         cache.model.load(ids, [8], [0], chunks)
     cache.check()
     with pytest.raises(ValueError, match=r"ring: must be in \[0, 4\), got 4"):
-        cache.table.copy([0], [0], [1], [0], load=True, stream=own, ring=4)
+        cache.table.copy([0], [0], [1], [0], direction=LOAD, stream=own, ring=4)
 
 
 def test_any_source_order_is_refused_but_for_dma_loads_before_anything_is_copied():
@@ -171,17 +173,17 @@ def test_any_source_order_is_refused_but_for_dma_loads_before_anything_is_copied
     stream = torch.cuda.Stream()
     for load, path in ((False, _C.PagePath.DMA), (True, _C.PagePath.STAGED), (True, _C.PagePath.KERNEL)):
         with pytest.raises(ValueError, match="src_order: ANY is for DMA loads only"):
-            cache.table.copy([3], [1], [1], [0], load=load, stream=stream, path=path,
+            cache.table.copy([3], [1], [1], [0], direction=LOAD if load else STORE, stream=stream, path=path,
                              src_order=_C.SrcAccessOrder.ANY)
     with pytest.raises(ValueError, match="src_order: must be STREAM or ANY"):
-        cache.table.copy([3], [1], [1], [0], load=True, stream=stream, path=_C.PagePath.DMA,
+        cache.table.copy([3], [1], [1], [0], direction=LOAD, stream=stream, path=_C.PagePath.DMA,
                          src_order=_C.SrcAccessOrder.DURING_API_CALL)
     stream.synchronize()
     cache.check()  # nothing moved
-    cache.table.copy([3, 5], [1], [2], [0], load=False, stream=stream, path=_C.PagePath.DMA)
+    cache.table.copy([3, 5], [1], [2], [0], direction=STORE, stream=stream, path=_C.PagePath.DMA)
     stream.synchronize()
     cache.model.store([3, 5], [2], [0], [1])
-    cache.table.copy([7, 9], [1], [2], [0], load=True, stream=stream, path=_C.PagePath.DMA,
+    cache.table.copy([7, 9], [1], [2], [0], direction=LOAD, stream=stream, path=_C.PagePath.DMA,
                      src_order=_C.SrcAccessOrder.ANY)
     stream.synchronize()
     cache.model.load([7, 9], [2], [0], [1])
@@ -195,7 +197,7 @@ def test_bad_ids_enqueue_nothing():
     for ids, chunks, message in (([0, 16], [0], "out of range"), ([3, 3], [0], "appears twice"),
                                  ([0, 1], [9], "out of range"), ([0, 1], [], "chunk_ids: has 0")):
         with pytest.raises(ValueError, match=message):
-            cache.table.copy(ids, chunks, [2], [0], load=True, stream=stream)
+            cache.table.copy(ids, chunks, [2], [0], direction=LOAD, stream=stream)
     cache.check()
 
 
@@ -204,11 +206,11 @@ def test_pageable_pool_and_foreign_memory_are_refused():
     pageable = torch.zeros(8 * 4096, dtype=torch.uint8)
     layout = kv_layout([[gpu]], [[4096]], [8], 1, pageable.data_ptr(), "chunk_major")
     with pytest.raises(ValueError, match="cpu_base.*pageable"):
-        page_table(layout).copy([0], [0], [1], [0], load=True, stream=torch.cuda.Stream())
+        page_table(layout).copy([0], [0], [1], [0], direction=LOAD, stream=torch.cuda.Stream())
     cpu = torch.zeros(8 * 4096, dtype=torch.uint8).pin_memory()
     layout = kv_layout([[cpu.view(8, 4096)]], [[4096]], [8], 1, cpu.data_ptr(), "chunk_major")
     with pytest.raises(ValueError, match="gpu_base"):
-        page_table(layout).copy([0], [0], [1], [0], load=True, stream=torch.cuda.Stream())
+        page_table(layout).copy([0], [0], [1], [0], direction=LOAD, stream=torch.cuda.Stream())
 
 
 def test_legacy_and_per_thread_streams():
@@ -217,7 +219,7 @@ def test_legacy_and_per_thread_streams():
     for stream in (None, 2, torch.cuda.current_stream()):
         ids = rng.permutation(8)[:4]
         chunks = rng.permutation(8)[:4]
-        cache.table.copy(ids, chunks, [4], [0], load=False, stream=stream)
+        cache.table.copy(ids, chunks, [4], [0], direction=STORE, stream=stream)
         cache.model.store(ids, [4], [0], chunks)
         cache.check()
     assert kv.batch_entry_point_version() >= 0

@@ -11,6 +11,8 @@ from kvoffload.planner import GroupLayout, KVLayout, TensorLayout
 from layouts import transfers
 from planner_reference import plan_per_block
 
+LOAD, STORE = _C.Direction.LOAD, _C.Direction.STORE
+
 
 def as_units(gpu, cpu, sizes):
     """Descriptors cut into units, sorted: the same bytes compare equal however cut."""
@@ -129,10 +131,10 @@ def test_copy_without_a_gpu_raises_after_checking_the_ids():
 
     table = small_table()
     with pytest.raises(ValueError, match="appears twice"):
-        table.copy([1, 1], [0], [2, 0], [0, 0], load=True, stream=None)
+        table.copy([1, 1], [0], [2, 0], [0, 0], direction=LOAD, stream=None)
     if not _has_gpu():
         with pytest.raises(kv.NoCudaDeviceError):
-            table.copy([0, 1], [0, 1], [1, 1], [0, 0], load=True, stream=None)
+            table.copy([0, 1], [0, 1], [1, 1], [0, 0], direction=LOAD, stream=None)
 
 
 def _has_gpu():
@@ -199,4 +201,4 @@ def test_groups_that_share_one_tensor_with_equal_pages_keep_sub_block_keys():
 def test_bad_copy_options_are_refused_before_anything_runs(options, message):
     # Refused before the job's device is asked for: no GPU is needed to get here.
     with pytest.raises(ValueError, match=message):
-        small_table().copy([0], [0], [1, 0], [0, 0], load=True, stream=None, **options)
+        small_table().copy([0], [0], [1, 0], [0, 0], direction=LOAD, stream=None, **options)

@@ -18,7 +18,8 @@ def test_every_spelling_of_a_direction_is_that_direction():
     for spellings, member in ((LOAD_SPELLINGS, Direction.LOAD), (STORE_SPELLINGS, Direction.STORE)):
         for spelling in spellings:
             assert Direction.parse(spelling, "direction") is member
-    assert Direction.LOAD.native_load and not Direction.STORE.native_load
+    assert Direction.LOAD.native == _C.Direction.LOAD and Direction.STORE.native == _C.Direction.STORE
+    assert sorted(_C.Direction.__members__) == sorted(Direction.__members__)
 
 
 @pytest.mark.parametrize("value,error,message", [
@@ -41,7 +42,7 @@ def test_ends_and_host_side_agree_with_the_kinds():
         src, dst = direction.ends(host, device)
         assert direction.host_of(src, dst) == host
         assert direction.ends(MemoryKind.HOST, MemoryKind.DEVICE) == direction.kinds
-        assert (src == host) == direction.native_load and (dst == host) != direction.native_load
+        assert (src == host) == (direction is Direction.LOAD) and (dst == host) == (direction is Direction.STORE)
 
 
 def test_words_print_as_their_value():

@@ -150,8 +150,8 @@ CopyResult BatchCopy(const CopyBatch& batch, cudaStream_t stream,
   return result;
 }
 
-int64_t StagingDma(const CopyBatch& batch, bool load, cudaStream_t stream) {
-  if (!load) return BatchCopy(batch, stream).driver_calls;
+int64_t StagingDma(const CopyBatch& batch, Direction direction, cudaStream_t stream) {
+  if (direction == Direction::kStore) return BatchCopy(batch, stream).driver_calls;
   std::vector<int64_t> small[3], large[3];
   for (int64_t i = 0; i < batch.count; ++i) {
     std::vector<int64_t>* to = batch.size[i] < kSmallStagingLoad ? small : large;

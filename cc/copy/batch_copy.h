@@ -7,6 +7,7 @@
 
 #include "cc/copy/copy_batch.h"
 #include "cc/copy/copy_path.h"
+#include "cc/copy/direction.h"
 
 namespace kvoffload {
 
@@ -41,7 +42,7 @@ CopyResult BatchCopy(const CopyBatch& batch, cudaStream_t stream,
 // plain batches of the same copies did not crash. So host-to-device copies under
 // kSmallStagingLoad go one cudaMemcpyAsync each, and the rest of the slice in batches.
 constexpr int64_t kSmallStagingLoad = int64_t{64} << 10;
-int64_t StagingDma(const CopyBatch& batch, bool load, cudaStream_t stream);
+int64_t StagingDma(const CopyBatch& batch, Direction direction, cudaStream_t stream);
 
 // The cuMemcpyBatchAsync form the driver offers: 13000, 12080, or 0 for none.
 int BatchEntryPointVersion();

@@ -8,14 +8,14 @@
 
 namespace kvoffload {
 
-SliceCutter::SliceCutter(const CopyBatch& batch, bool load, int64_t slot_bytes,
+SliceCutter::SliceCutter(const CopyBatch& batch, Direction direction, int64_t slot_bytes,
                          int64_t piece_bytes, RangeEnd range_end)
     : batch_(batch),
-      load_(load),
+      direction_(direction),
       slot_bytes_(slot_bytes),
       piece_bytes_(piece_bytes),
-      host_(load ? batch.src : batch.dst),
-      device_(load ? batch.dst : batch.src),
+      host_(HostOf(direction, batch.src, batch.dst)),
+      device_(DeviceOf(direction, batch.src, batch.dst)),
       order_(batch.count),
       range_end_(std::move(range_end)) {
   std::iota(order_.begin(), order_.end(), 0);
@@ -34,8 +34,8 @@ bool SliceCutter::Next(Slice& s) {
   while (at_ < batch_.count && used < slot_bytes_) {
     const int64_t i = order_[at_];
     const int64_t n = std::min({batch_.size[i] - offset_, slot_bytes_ - used, piece_bytes_});
-    std::vector<int64_t>& dma_host = load_ ? s.dma_src : s.dma_dst;
-    std::vector<int64_t>& dma_slot = load_ ? s.dma_dst : s.dma_src;
+    std::vector<int64_t>& dma_host = HostOf(direction_, s.dma_src, s.dma_dst);
+    std::vector<int64_t>& dma_slot = DeviceOf(direction_, s.dma_src, s.dma_dst);
     const int64_t host = host_[i] + offset_;
     if (!s.dma_size.empty() && dma_host.back() + s.dma_size.back() == host &&
         dma_slot.back() + s.dma_size.back() == used && (offset_ > 0 || host < run_end_)) {
@@ -46,8 +46,8 @@ bool SliceCutter::Next(Slice& s) {
       dma_slot.push_back(used);
       s.dma_size.push_back(n);
     }
-    (load_ ? s.piece_src : s.piece_dst).push_back(used);
-    (load_ ? s.piece_dst : s.piece_src).push_back(device_[i] + offset_);
+    HostOf(direction_, s.piece_src, s.piece_dst).push_back(used);
+    DeviceOf(direction_, s.piece_src, s.piece_dst).push_back(device_[i] + offset_);
     s.piece_size.push_back(n);
     used += n;
     offset_ += n;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cc/copy/copy_batch.h"
+#include "cc/copy/direction.h"
 
 namespace kvoffload {
 
@@ -20,14 +21,14 @@ struct Slice {
 // slot_bytes, one at a time; every slice but the last is full. Copies are cut into
 // pieces of at most piece_bytes (and at slice ends); pieces whose host bytes go on make
 // one host run. Slot addresses are offsets into the slot until the ring relocates
-// them. `load`: the host side is the source. Borrows the batch's arrays.
+// them. Borrows the batch's arrays.
 // range_end(address), when given, is where the host memory holding `address` ends (its
 // page-locked registration): a host run never goes past it, since cuMemcpyBatchAsync
 // rejects a copy that spans two registrations.
 class SliceCutter {
  public:
   using RangeEnd = std::function<int64_t(int64_t address)>;
-  SliceCutter(const CopyBatch& batch, bool load, int64_t slot_bytes, int64_t piece_bytes,
+  SliceCutter(const CopyBatch& batch, Direction direction, int64_t slot_bytes, int64_t piece_bytes,
               RangeEnd range_end = nullptr);
 
   // The next slice, or false when the batch is done.
@@ -35,7 +36,7 @@ class SliceCutter {
 
  private:
   const CopyBatch batch_;
-  const bool load_;
+  const Direction direction_;
   const int64_t slot_bytes_;
   const int64_t piece_bytes_;
   const int64_t* host_;

@@ -38,7 +38,7 @@ SliceCutter::RangeEnd Ranges(int64_t edge) {
 
 std::vector<Slice> Cut(const Batch& b, bool load, int64_t slot_bytes, int64_t piece_bytes,
                        int64_t edge = 0) {
-  SliceCutter cutter(b.View(), load, slot_bytes, piece_bytes, Ranges(edge));
+  SliceCutter cutter(b.View(), load ? Direction::kLoad : Direction::kStore, slot_bytes, piece_bytes, Ranges(edge));
   std::vector<Slice> slices;
   Slice s;
   s.dma_size = {123};  // stale entries must go

@@ -19,15 +19,15 @@ namespace kvoffload {
 namespace {
 
 // Slot offsets become addresses in the slot used.
-void Relocate(Slice& slice, int64_t base, bool load) {
-  for (int64_t& a : load ? slice.dma_dst : slice.dma_src) a += base;
-  for (int64_t& a : load ? slice.piece_src : slice.piece_dst) a += base;
+void Relocate(Slice& slice, int64_t base, Direction direction) {
+  for (int64_t& a : DeviceOf(direction, slice.dma_src, slice.dma_dst)) a += base;
+  for (int64_t& a : HostOf(direction, slice.piece_src, slice.piece_dst)) a += base;
 }
 
-int64_t Dma(const Slice& s, bool load, cudaStream_t stream) {
+int64_t Dma(const Slice& s, Direction direction, cudaStream_t stream) {
   const CopyBatch batch{s.dma_src.data(), s.dma_dst.data(), s.dma_size.data(),
                         static_cast<int64_t>(s.dma_size.size())};
-  return StagingDma(batch, load, stream);
+  return StagingDma(batch, direction, stream);
 }
 
 // Every slice's pieces in one upload, so that no upload (a host-to-device copy that
@@ -51,7 +51,7 @@ constexpr int64_t kPieceBytes = int64_t{64} << 10;
 
 }  // namespace
 
-CopyResult StagedCopy(const CopyBatch& batch, bool load, cudaStream_t stream,
+CopyResult StagedCopy(const CopyBatch& batch, Direction direction, cudaStream_t stream,
                       const StagedCopyOptions& options) {
   ValidateCopyBatch(batch);
   if (options.slot_bytes < 4096 || options.slot_bytes % 256 != 0) {
@@ -66,12 +66,12 @@ CopyResult StagedCopy(const CopyBatch& batch, bool load, cudaStream_t stream,
   if (batch.count == 0) return result;
   RequireCudaDevice();
   StreamDeviceGuard guard(stream);
-  const int64_t* host = load ? batch.src : batch.dst;
-  const int64_t* device = load ? batch.dst : batch.src;
-  RequireReachable(host, batch.size, batch.count, guard.device(), Reach::kPinnedHost,
-                   load ? "src" : "dst");
-  RequireReachable(device, batch.size, batch.count, guard.device(), Reach::kDevice,
-                   load ? "dst" : "src");
+  const char* src = "src";
+  const char* dst = "dst";
+  RequireReachable(HostOf(direction, batch.src, batch.dst), batch.size, batch.count,
+                   guard.device(), Reach::kPinnedHost, HostOf(direction, src, dst));
+  RequireReachable(DeviceOf(direction, batch.src, batch.dst), batch.size, batch.count,
+                   guard.device(), Reach::kDevice, DeviceOf(direction, src, dst));
   result.reason = PathReason::kStagedRequested;
   result.copies = batch.count;
   result.bytes = TotalBytes(batch);
@@ -80,33 +80,29 @@ CopyResult StagedCopy(const CopyBatch& batch, bool load, cudaStream_t stream,
   // crashed once in the driver's small host-to-device copies (H200, driver 580.159).
   std::vector<Slice> slices;
   MemoryMap registrations(AskDriver);
-  SliceCutter cutter(batch, load, options.slot_bytes, kPieceBytes,
+  SliceCutter cutter(batch, direction, options.slot_bytes, kPieceBytes,
                      [&](int64_t address) { return registrations.At(address).end; });
   for (Slice slice; cutter.Next(slice);) slices.push_back(std::move(slice));
 
   // One ring per device and direction, so that loads and stores in flight at once use
   // separate streams and slots and overlap (the DMA engines run both ways at once).
   StagingRing& ring =
-      StagingRing::For(guard.device(), load, options.slot_bytes, options.slots);
+      StagingRing::For(guard.device(), direction, options.slot_bytes, options.slots);
   std::lock_guard<std::mutex> lock(ring.mutex());
   ring.Run(stream, [&] {
     std::vector<StagingRing::Slot> slots;
     for (Slice& slice : slices) {
       slots.push_back(ring.Next());
-      Relocate(slice, slots.back().address, load);
+      Relocate(slice, slots.back().address, direction);
     }
     std::vector<int64_t> first;
     const PieceUpload upload(AllPieces(slices, first), ring.kernel_stream());
     for (size_t i = 0; i < slices.size(); ++i) {
-      auto dma = [&](cudaStream_t s) { result.driver_calls += Dma(slices[i], load, s); };
+      auto dma = [&](cudaStream_t s) { result.driver_calls += Dma(slices[i], direction, s); };
       auto kernel = [&](cudaStream_t) {
         upload.Launch(first[i], first[i + 1] - first[i], options.max_ctas);
       };
-      if (load) {
-        ring.Stage(slots[i], load, dma, kernel);
-      } else {
-        ring.Stage(slots[i], load, kernel, dma);
-      }
+      ring.Stage(slots[i], direction, dma, kernel);
       ++result.driver_calls;  // the kernel
     }
   });

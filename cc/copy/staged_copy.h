@@ -7,6 +7,7 @@
 
 #include "cc/copy/copy_batch.h"
 #include "cc/copy/copy_path.h"
+#include "cc/copy/direction.h"
 
 namespace kvoffload {
 
@@ -25,7 +26,7 @@ struct StagedCopyOptions {
 // copies and bytes; the ring wraps. In stream order on `stream`. Host memory must be
 // page-locked and device memory the stream's device's, else std::invalid_argument
 // (RequireReachable).
-CopyResult StagedCopy(const CopyBatch& batch, bool load, cudaStream_t stream,
+CopyResult StagedCopy(const CopyBatch& batch, Direction direction, cudaStream_t stream,
                       const StagedCopyOptions& options = {});
 
 }  // namespace kvoffload

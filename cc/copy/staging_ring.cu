@@ -9,13 +9,13 @@
 
 namespace kvoffload {
 
-StagingRing& StagingRing::For(int device, bool load, int64_t slot_bytes, int slots, int ring) {
-  using Key = std::tuple<int, bool, int64_t, int, int>;
+StagingRing& StagingRing::For(int device, Direction direction, int64_t slot_bytes, int slots, int ring) {
+  using Key = std::tuple<int, Direction, int64_t, int, int>;
   static std::mutex mutex;
   // Never destroyed: rings outlive every stream that may still wait on them at exit.
   static auto* rings = new std::map<Key, std::unique_ptr<StagingRing>>();
   std::lock_guard<std::mutex> lock(mutex);
-  std::unique_ptr<StagingRing>& made = (*rings)[Key{device, load, slot_bytes, slots, ring}];
+  std::unique_ptr<StagingRing>& made = (*rings)[Key{device, direction, slot_bytes, slots, ring}];
   if (made == nullptr) made = std::make_unique<StagingRing>(slot_bytes, slots);
   return *made;
 }

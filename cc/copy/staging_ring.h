@@ -7,6 +7,7 @@
 #include <mutex>
 #include <vector>
 
+#include "cc/copy/direction.h"
 #include "cc/cuda/cuda_check.h"
 
 namespace kvoffload {
@@ -19,7 +20,7 @@ class StagingRing {
  public:
   // Ring number `ring` of `device` (current) for one direction and geometry, made on
   // first use and kept. Hold mutex() around Run().
-  static StagingRing& For(int device, bool load, int64_t slot_bytes, int slots, int ring = 0);
+  static StagingRing& For(int device, Direction direction, int64_t slot_bytes, int slots, int ring = 0);
 
   std::mutex& mutex() { return mutex_; }
 
@@ -48,18 +49,16 @@ class StagingRing {
   // The next slot in turn.
   Slot Next();
 
-  // first(stream) fills the slot once its last use is drained, then second(stream)
-  // drains it; first runs on the DMA stream for a load, on the kernel stream for a store.
-  template <typename First, typename Second>
-  void Stage(const Slot& slot, bool load, First first, Second second) {
-    cudaStream_t a = load ? dma_ : kernel_;
-    cudaStream_t b = load ? kernel_ : dma_;
-    CheckCuda(cudaStreamWaitEvent(a, slot_free_[slot.index], 0), "cudaStreamWaitEvent");
-    first(a);
-    CheckCuda(cudaEventRecord(slot_full_[slot.index], a), "cudaEventRecord");
-    CheckCuda(cudaStreamWaitEvent(b, slot_full_[slot.index], 0), "cudaStreamWaitEvent");
-    second(b);
-    CheckCuda(cudaEventRecord(slot_free_[slot.index], b), "cudaEventRecord");
+  // Passes one slice through the slot once its last use is drained: dma(stream) on the
+  // DMA stream and kernel(stream) on the kernel stream, the DMA first for a load (it
+  // fills the slot that the kernel scatters) and the kernel first for a store.
+  template <typename Dma, typename Kernel>
+  void Stage(const Slot& slot, Direction direction, Dma dma, Kernel kernel) {
+    if (direction == Direction::kLoad) {
+      Pipe(slot, dma_, dma, kernel_, kernel);
+    } else {
+      Pipe(slot, kernel_, kernel, dma_, dma);
+    }
   }
 
   cudaStream_t dma_stream() const { return dma_; }
@@ -71,6 +70,16 @@ class StagingRing {
   StagingRing& operator=(const StagingRing&) = delete;
 
  private:
+  template <typename First, typename Second>
+  void Pipe(const Slot& slot, cudaStream_t a, First first, cudaStream_t b, Second second) {
+    CheckCuda(cudaStreamWaitEvent(a, slot_free_[slot.index], 0), "cudaStreamWaitEvent");
+    first(a);
+    CheckCuda(cudaEventRecord(slot_full_[slot.index], a), "cudaEventRecord");
+    CheckCuda(cudaStreamWaitEvent(b, slot_full_[slot.index], 0), "cudaStreamWaitEvent");
+    second(b);
+    CheckCuda(cudaEventRecord(slot_free_[slot.index], b), "cudaEventRecord");
+  }
+
   void Begin(cudaStream_t caller);
   void End(cudaStream_t caller);
 

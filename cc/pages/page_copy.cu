@@ -29,7 +29,7 @@ constexpr int kThreads = 1024;
 __global__ void __launch_bounds__(kThreads)
     PageCopyKernel(const TensorRef* refs, const int64_t* block_ids, const Segment* segments,
                    int64_t num_segments, int64_t first_unit, int64_t end_unit, int64_t slot,
-                   int64_t slot_first_byte, bool load) {
+                   int64_t slot_first_byte, Direction direction) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kThreads / kWarpSize);
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kThreads)
                                    : s.host + (p.job_byte - s.first_byte);
     char* gpu = reinterpret_cast<char*>(p.gpu);
     char* other = reinterpret_cast<char*>(host);
-    if (load) {
+    if (direction == Direction::kLoad) {
       WarpCopy(other, gpu, p.bytes, lane);
     } else {
       WarpCopy(gpu, other, p.bytes, lane);
@@ -64,13 +64,13 @@ StreamUpload UploadJob(const PageJob& job, const std::vector<Segment>& segments,
 
 void Launch(const DevicePageTable& table, const StreamUpload& job, int64_t segments,
             int64_t first_unit, int64_t end_unit, int64_t slot, int64_t slot_first_byte,
-            bool load, int max_ctas, cudaStream_t stream) {
+            Direction direction, int max_ctas, cudaStream_t stream) {
   const int64_t warps = end_unit - first_unit;
   const int ctas = static_cast<int>(
       std::min<int64_t>(max_ctas, (warps + kThreads / kWarpSize - 1) / (kThreads / kWarpSize)));
   PageCopyKernel<<<ctas, kThreads, 0, stream>>>(table.device_refs(), job.array<int64_t>(0),
                                                 job.array<Segment>(1), segments, first_unit,
-                                                end_unit, slot, slot_first_byte, load);
+                                                end_unit, slot, slot_first_byte, direction);
   CheckCuda(cudaGetLastError(), "page copy kernel launch");
 }
 
@@ -79,23 +79,23 @@ struct SliceDma {
   std::vector<int64_t> src, dst, size;
 };
 
-SliceDma MakeDma(const HostRuns& runs, int64_t slot, bool load) {
+SliceDma MakeDma(const HostRuns& runs, int64_t slot, Direction direction) {
   SliceDma dma;
   dma.size = runs.size;
   std::vector<int64_t> slot_addresses(runs.slot.size());
   for (size_t i = 0; i < runs.slot.size(); ++i) slot_addresses[i] = slot + runs.slot[i];
-  dma.src = load ? runs.host : slot_addresses;
-  dma.dst = load ? slot_addresses : runs.host;
+  HostOf(direction, dma.src, dma.dst) = runs.host;
+  DeviceOf(direction, dma.src, dma.dst) = std::move(slot_addresses);
   return dma;
 }
 
-int64_t EnqueueDma(const SliceDma& dma, bool load, cudaStream_t stream) {
+int64_t EnqueueDma(const SliceDma& dma, Direction direction, cudaStream_t stream) {
   return StagingDma(CopyBatch{dma.src.data(), dma.dst.data(), dma.size.data(),
                               static_cast<int64_t>(dma.size.size())},
-                    load, stream);
+                    direction, stream);
 }
 
-void StagedPageCopy(const DevicePageTable& table, const PageJob& job, bool load,
+void StagedPageCopy(const DevicePageTable& table, const PageJob& job, Direction direction,
                     const std::vector<Segment>& segments, int64_t units, int device,
                     cudaStream_t stream, const PageCopyOptions& options, CopyResult& result) {
   const PageLayout& layout = table.layout();
@@ -103,37 +103,36 @@ void StagedPageCopy(const DevicePageTable& table, const PageJob& job, bool load,
   std::vector<HostRuns> runs(slices.size());
   for (size_t i = 0; i < slices.size(); ++i) SliceHostRuns(layout, segments, slices[i], runs[i]);
 
-  StagingRing& ring = StagingRing::For(device, load, options.slot_bytes, options.slots, options.ring);
+  StagingRing& ring = StagingRing::For(device, direction, options.slot_bytes, options.slots, options.ring);
   std::lock_guard<std::mutex> lock(ring.mutex());
   ring.Run(stream, [&] {
     const StreamUpload upload = UploadJob(job, segments, ring.kernel_stream());
     const int64_t count = static_cast<int64_t>(segments.size());
     for (size_t i = 0; i < slices.size(); ++i) {
       const StagingRing::Slot slot = ring.Next();
-      const SliceDma dma = MakeDma(runs[i], slot.address, load);
+      const SliceDma dma = MakeDma(runs[i], slot.address, direction);
       auto kernel = [&](cudaStream_t s) {
         Launch(table, upload, count, slices[i].first_unit, slices[i].end_unit, slot.address,
-               slices[i].first_byte, load, options.max_ctas, s);
+               slices[i].first_byte, direction, options.max_ctas, s);
       };
-      auto copy = [&](cudaStream_t s) { result.driver_calls += EnqueueDma(dma, load, s); };
-      if (load) {
-        ring.Stage(slot, load, copy, kernel);
-      } else {
-        ring.Stage(slot, load, kernel, copy);
-      }
+      auto copy = [&](cudaStream_t s) { result.driver_calls += EnqueueDma(dma, direction, s); };
+      ring.Stage(slot, direction, copy, kernel);
       ++result.driver_calls;  // the kernel
     }
   });
 }
 
-CopyResult DmaPageCopy(const PageLayout& layout, const PageJob& job, bool load,
+CopyResult DmaPageCopy(const PageLayout& layout, const PageJob& job, Direction direction,
                        const std::vector<Segment>& segments, cudaStream_t stream, int64_t bytes,
                        SrcAccessOrder src_order) {
   thread_local PageDma dma;
   thread_local std::vector<uint8_t> order;
   BuildPageDma(layout, job.block_ids, segments, dma);
-  CopyBatch batch{load ? dma.host.data() : dma.gpu.data(), load ? dma.gpu.data() : dma.host.data(),
-                  dma.size.data(), static_cast<int64_t>(dma.size.size())};
+  CopyBatch batch;
+  HostOf(direction, batch.src, batch.dst) = dma.host.data();
+  DeviceOf(direction, batch.src, batch.dst) = dma.gpu.data();
+  batch.size = dma.size.data();
+  batch.count = static_cast<int64_t>(dma.size.size());
   if (src_order != SrcAccessOrder::kStream) {
     order.assign(dma.size.size(), static_cast<uint8_t>(src_order));
     batch.order = order.data();
@@ -210,10 +209,10 @@ void ValidatePageCopyOptions(const PageCopyOptions& options) {
   }
 }
 
-CopyResult PageCopy(const DevicePageTable& table, const PageJob& job, bool load,
+CopyResult PageCopy(const DevicePageTable& table, const PageJob& job, Direction direction,
                     cudaStream_t stream, const PageCopyOptions& options, bool validated) {
   ValidatePageCopyOptions(options);
-  if (options.src_order != SrcAccessOrder::kStream && !(load && options.path == PagePath::kDma)) {
+  if (options.src_order != SrcAccessOrder::kStream && !(direction == Direction::kLoad && options.path == PagePath::kDma)) {
     throw std::invalid_argument("src_order: ANY is for DMA loads only (a store's source is the live "
                                 "GPU cache; the ring and the kernel read in stream order)");
   }
@@ -237,14 +236,14 @@ CopyResult PageCopy(const DevicePageTable& table, const PageJob& job, bool load,
                                 std::to_string(table.device()));
   }
   if (options.path == PagePath::kDma) {
-    return DmaPageCopy(table.layout(), job, load, segments, stream, result.bytes, options.src_order);
+    return DmaPageCopy(table.layout(), job, direction, segments, stream, result.bytes, options.src_order);
   }
   if (options.path == PagePath::kStaged) {
-    StagedPageCopy(table, job, load, segments, units, guard.device(), stream, options, result);
+    StagedPageCopy(table, job, direction, segments, units, guard.device(), stream, options, result);
     return result;
   }
   const StreamUpload upload = UploadJob(job, segments, stream);
-  Launch(table, upload, static_cast<int64_t>(segments.size()), 0, units, 0, 0, load,
+  Launch(table, upload, static_cast<int64_t>(segments.size()), 0, units, 0, 0, direction,
          options.max_ctas, stream);
   result.driver_calls = 1;
   return result;

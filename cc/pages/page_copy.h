@@ -7,6 +7,7 @@
 
 #include "cc/copy/copy_batch.h"
 #include "cc/copy/copy_path.h"
+#include "cc/copy/direction.h"
 #include "cc/pages/page_table.h"
 
 namespace kvoffload {
@@ -59,12 +60,12 @@ struct PageCopyOptions {
 inline constexpr int kMaxRings = 4;  // each ring holds slots x slot_bytes of device memory
 
 // Moves the job's pages between the table's GPU blocks and CPU chunks on `stream`, in
-// stream order; load: CPU -> GPU. The job is validated first (ValidateJob); nothing is
+// stream order. The job is validated first (ValidateJob); nothing is
 // enqueued if it fails. The host work is per segment; addresses are computed on the GPU.
 // The table's memory must be device memory of the stream's device and page-locked host
 // memory (its caller checks this once, when the table is made).
 // `validated`: the caller has just run ValidateJob on this very job.
-CopyResult PageCopy(const DevicePageTable& table, const PageJob& job, bool load,
+CopyResult PageCopy(const DevicePageTable& table, const PageJob& job, Direction direction,
                     cudaStream_t stream, const PageCopyOptions& options = {},
                     bool validated = false);
 

@@ -9,6 +9,7 @@
 
 #include "cc/copy/copy_batch.h"
 #include "cc/copy/copy_path.h"
+#include "cc/copy/direction.h"
 #include "cc/cuda/cuda_error.h"
 #include "cc/pool/memory_map.h"  // through //cc/copy:copy_kernel
 #include "py/kvoffload/bindings.h"
@@ -26,6 +27,11 @@ NB_MODULE(_C, m) {
       .value("DURING_API_CALL", SrcAccessOrder::kDuringApiCall,
              "before the submitting call returns")
       .value("ANY", SrcAccessOrder::kAny, "at any time; the source must be quiescent");
+
+  // kvoffload.vocabulary.Direction's members are these.
+  nb::enum_<Direction>(m, "Direction", "Which way a copy moves bytes.")
+      .value("LOAD", Direction::kLoad, "host -> device")
+      .value("STORE", Direction::kStore, "device -> host");
 
   // kvoffload.vocabulary.MemoryKind's members are these, but UNKNOWN.
   nb::enum_<MemoryKind>(m, "MemoryKind", "What memory an address is, as the driver says.")

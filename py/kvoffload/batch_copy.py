@@ -122,7 +122,7 @@ def staged_copy(
         raise TypeError("direction: missing (a Direction, 'load' or 'store')")
     direction = Direction.parse(direction, "direction")
     src, dst, sizes = _checked(registry, src, dst, sizes, *direction.kinds)
-    return _C.staged_copy(src, dst, sizes, direction.native_load, stream, slot_bytes, slots, max_ctas)
+    return _C.staged_copy(src, dst, sizes, direction.native, stream, slot_bytes, slots, max_ctas)
 
 
 def host_copy(src: Int64Array, dst: Int64Array, sizes: Int64Array, threads: int = 0, *,

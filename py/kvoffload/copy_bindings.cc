@@ -13,6 +13,7 @@
 #include "cc/copy/copy_batch.h"
 #include "cc/copy/copy_kernel.h"
 #include "cc/copy/copy_path.h"
+#include "cc/copy/direction.h"
 #include "cc/copy/host_copy.h"
 #include "cc/copy/staged_copy.h"
 #include "cc/cuda/cuda_check.h"
@@ -105,13 +106,13 @@ CopyResult PyKernelCopy(nb::handle src, nb::handle dst, nb::handle sizes, nb::ha
   return KernelCopy(batch, s, KernelCopyOptions{max_ctas, piece_bytes});
 }
 
-CopyResult PyStagedCopy(nb::handle src, nb::handle dst, nb::handle sizes, bool load,
+CopyResult PyStagedCopy(nb::handle src, nb::handle dst, nb::handle sizes, Direction direction,
                         nb::handle stream, int64_t slot_bytes, int slots, int max_ctas) {
   CopyArrays arrays(src, dst, sizes);
   const CopyBatch batch = arrays.Batch(nullptr);
   const cudaStream_t s = ToStream(stream);
   nb::gil_scoped_release release;
-  return StagedCopy(batch, load, s, StagedCopyOptions{slot_bytes, slots, max_ctas});
+  return StagedCopy(batch, direction, s, StagedCopyOptions{slot_bytes, slots, max_ctas});
 }
 
 CopyResult PyHostCopy(nb::handle src, nb::handle dst, nb::handle sizes, int threads) {
@@ -251,7 +252,7 @@ void BindCopies(nb::module_& m) {
         nb::arg("piece_bytes") = kKernelDefaults.piece_bytes);
   m.def("staged_copy", &PyStagedCopy, nb::arg("src").none(), nb::arg("dst").none(),
         nb::arg("sizes").none(),
-        nb::arg("load"), nb::arg("stream").none() = nb::none(),
+        nb::arg("direction"), nb::arg("stream").none() = nb::none(),
         nb::arg("slot_bytes") = kStagedDefaults.slot_bytes, nb::arg("slots") = kStagedDefaults.slots,
         nb::arg("max_ctas") = kStagedDefaults.max_ctas);
   m.def("host_copy", &PyHostCopy, nb::arg("src").none(), nb::arg("dst").none(),

@@ -99,11 +99,10 @@ class PageJobs:
         lane's. DMA loads choose their source order as they are enqueued
         (_quiet_source_reads); the ring and the kernel read in stream order."""
         del plan, sources
-        load = job.direction is Direction.LOAD
         path = self.paths[job.direction]
-        copy = functools.partial(self._table.copy_job, prepared, load=load, path=path, max_ctas=self._ctas,
-                                 ring=int(job.lane == "expedited"))
-        if load and path == PagePath.DMA:
+        copy = functools.partial(self._table.copy_job, prepared, direction=job.direction.native, path=path,
+                                 max_ctas=self._ctas, ring=int(job.lane == "expedited"))
+        if job.direction is Direction.LOAD and path == PagePath.DMA:
             copy, resolve = _quiet_source_reads(copy, resolve, done)
         return JobCopy(copy, resolve, pipelined=path == PagePath.STAGED)
 

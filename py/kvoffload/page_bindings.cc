@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cc/copy/copy_path.h"
+#include "cc/copy/direction.h"
 #include "cc/cuda/stream_device.h"
 #include "cc/pages/page_copy.h"
 #include "cc/pages/page_table.h"
@@ -147,7 +148,7 @@ class PyPageTable {
   }
 
   // `checked`: ids that prepare checked (the job's own snapshot).
-  CopyResult Copy(const JobIds& ids, bool load, nb::handle stream_obj,
+  CopyResult Copy(const JobIds& ids, Direction direction, nb::handle stream_obj,
                   const PageCopyOptions& options, bool checked = false) {
     const cudaStream_t stream = ToStream(stream_obj);
     const PageJob job = ids.Job();
@@ -155,7 +156,7 @@ class PyPageTable {
     // PageCopy validates the job too, but the table is uploaded only for a valid one.
     ValidatePageCopyOptions(options);
     if (!checked) ValidateJob(layout_, job);
-    return PageCopy(OnDevice(StreamDevice(stream)), job, load, stream, options,
+    return PageCopy(OnDevice(StreamDevice(stream)), job, direction, stream, options,
                     /*validated=*/true);
   }
 
@@ -269,27 +270,27 @@ void BindPages(nb::module_& m) {
           nb::arg("block_indices"))
       .def(
           "copy",
-          [](PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i, bool load,
+          [](PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i, Direction direction,
              nb::handle stream, PagePath path, int max_ctas, int64_t slot_bytes, int slots, int ring,
              SrcAccessOrder src_order) {
-            return t.Copy(JobIds(b, c, g, i), load, stream,
+            return t.Copy(JobIds(b, c, g, i), direction, stream,
                           PageCopyOptions{path, max_ctas, slot_bytes, slots, ring, src_order});
           },
           nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
-          nb::arg("block_indices"), nb::arg("load"), nb::arg("stream").none(),
+          nb::arg("block_indices"), nb::arg("direction"), nb::arg("stream").none(),
           nb::arg("path") = kPageDefaults.path, nb::arg("max_ctas") = kPageDefaults.max_ctas,
           nb::arg("slot_bytes") = kPageDefaults.slot_bytes, nb::arg("slots") = kPageDefaults.slots,
           nb::arg("ring") = 0, nb::arg("src_order") = kPageDefaults.src_order)
       .def(
           "copy_job",
-          [](PyPageTable& t, const PreparedJob& job, bool load, nb::handle stream, PagePath path,
+          [](PyPageTable& t, const PreparedJob& job, Direction direction, nb::handle stream, PagePath path,
              int max_ctas, int64_t slot_bytes, int slots, int ring, SrcAccessOrder src_order) {
             t.RequireOwn(job);
-            return t.Copy(job.ids, load, stream,
+            return t.Copy(job.ids, direction, stream,
                           PageCopyOptions{path, max_ctas, slot_bytes, slots, ring, src_order},
                           /*checked=*/true);
           },
-          nb::arg("job"), nb::arg("load"), nb::arg("stream").none(), nb::arg("path") = kPageDefaults.path,
+          nb::arg("job"), nb::arg("direction"), nb::arg("stream").none(), nb::arg("path") = kPageDefaults.path,
           nb::arg("max_ctas") = kPageDefaults.max_ctas, nb::arg("slot_bytes") = kPageDefaults.slot_bytes,
           nb::arg("slots") = kPageDefaults.slots, nb::arg("ring") = 0,
           nb::arg("src_order") = kPageDefaults.src_order);

@@ -51,15 +51,16 @@ class MemoryKind(_Word):
 
 class Direction(_Word):
     """Which way a copy moves bytes between host and device memory, spelt "load" or
-    "store" everywhere."""
+    "store" everywhere. The members are those of the C++ core's Direction
+    (``_C.Direction``)."""
 
     LOAD = "load"  # host -> device
     STORE = "store"  # device -> host
 
     @property
-    def native_load(self) -> bool:
-        """The C++ core's ``bool load``."""
-        return self is Direction.LOAD
+    def native(self):
+        """The C++ core's member of the same name (``_C.Direction``)."""
+        return _C.Direction.__members__[self.name]
 
     def ends(self, host, device) -> tuple:
         """(source, destination) of the two sides of a copy this way."""
