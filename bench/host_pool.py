@@ -34,7 +34,7 @@ flags.DEFINE_list("register_threads", [str(PoolOptions.register_threads)],
                   "kvoffload's PoolOptions.register_threads to measure (default: its default).")
 flags.DEFINE_list("huge_pages", [PoolOptions.huge_pages], "kvoffload's PoolOptions.huge_pages to measure "
                   "(default: its default).")
-flags.DEFINE_float("piece_gib", None, "kvoffload's PoolOptions.piece_bytes, GiB (default: its own).")
+flags.DEFINE_float("registration_gib", None, "kvoffload's PoolOptions.registration_bytes, GiB (default: its own).")
 flags.DEFINE_float("copy_gib", 1.0, "GiB copied host-to-device from each end of the pool.")
 flags.DEFINE_string("out", None, "Write the results as JSON here (relative to the workspace); "
                     "default with a GPU: bench/results/host_pool_<gpu>.json.")
@@ -103,7 +103,7 @@ def measure(way, nbytes, gpu, copy_bytes, options, conn):
     row = dict(way=way, requested_bytes=nbytes, seconds=seconds, ready_gb_per_s=nbytes / seconds / 1e9,
                resident_growth_bytes=growth, copy_gb_per_s=None)
     if way == "kvoffload":
-        # Touching and registering overlap (piece k registers while k+1 is touched).
+        # Touching and registering overlap (registration k is made while k+1 is touched).
         row.update(options, touch_seconds=keep.touch_seconds, register_seconds=keep.register_seconds)
     if gpu:
         device = torch.empty(copy_bytes, dtype=torch.uint8, device="cuda")
@@ -133,8 +133,8 @@ def kvoffload_options():
     """Every PoolOptions the flags ask for, as keyword dicts."""
     from kvoffload.host_pool import PoolOptions
 
-    piece = int(FLAGS.piece_gib * 2**30) if FLAGS.piece_gib else PoolOptions.piece_bytes
-    return [dict(register_threads=int(threads), huge_pages=huge, piece_bytes=piece)
+    registration = int(FLAGS.registration_gib * 2**30) if FLAGS.registration_gib else PoolOptions.registration_bytes
+    return [dict(register_threads=int(threads), huge_pages=huge, registration_bytes=registration)
             for threads in FLAGS.register_threads for huge in FLAGS.huge_pages]
 
 
@@ -148,7 +148,7 @@ def print_row(row):
     copy = "-" if row["copy_gb_per_s"] is None else f"{row['copy_gb_per_s']:.1f}"
     way = row["way"]
     if "register_threads" in row:
-        way += f" x{row['register_threads']} {row['huge_pages']} {row['piece_bytes'] / 2**30:g}G"
+        way += f" x{row['register_threads']} {row['huge_pages']} {row['registration_bytes'] / 2**30:g}G"
     phases = (f"  touch {row['touch_seconds']:.2f} s, register {row['register_seconds']:.2f} s"
               if "touch_seconds" in row else "")
     print(f"{way:>24} {row['requested_bytes'] / 2**30:6.1f} GiB {row['seconds']:7.2f} s "
@@ -184,7 +184,7 @@ def main(argv):
                        mem_total_bytes=used_bytes() + _available())
         config = dict(gib=[float(g) for g in FLAGS.gib], copy_gib=FLAGS.copy_gib, ways=FLAGS.ways,
                       register_threads=[int(t) for t in FLAGS.register_threads],
-                      huge_pages=FLAGS.huge_pages, piece_gib=FLAGS.piece_gib)
+                      huge_pages=FLAGS.huge_pages, registration_gib=FLAGS.registration_gib)
         with open(out, "w") as f:
             json.dump(dict(date=datetime.date.today().isoformat(), machine=machine, config=config,
                            rows=rows), f, indent=1)

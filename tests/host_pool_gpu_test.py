@@ -1,5 +1,5 @@
-"""kvoffload.host_pool on a GPU: every piece page-locked and copied from, jobs across
-the pieces' edges, a CUDA-graph capture while the pool pins, the cudaHostAlloc fallback,
+"""kvoffload.host_pool on a GPU: every registration page-locked and copied from, jobs across
+the registrations' edges, a CUDA-graph capture while the pool pins, the cudaHostAlloc fallback,
 a pool shared by two processes, and nothing left registered after release()."""
 
 import multiprocessing
@@ -37,13 +37,13 @@ def copy_in_and_out(pool, offset, nbytes):
     stream.synchronize()
 
 
-def test_every_piece_is_page_locked_and_copies_and_release_unregisters():
-    pool = HostPool(64 * MiB + 3 * 4096, options=PoolOptions(piece_bytes=8 * MiB))
+def test_every_registration_is_page_locked_and_copies_and_release_unregisters():
+    pool = HostPool(64 * MiB + 3 * 4096, options=PoolOptions(registration_bytes=8 * MiB))
     assert pool.ready()
     edges = [pool.base + k * 8 * MiB for k in range(9)] + [pool.base + pool.nbytes - 1]
     assert all(_C.is_pinned_host(a) for a in edges)
     rng = np.random.default_rng(0)
-    # The first, a middle and the last full piece, and the last 12 KiB piece.
+    # The first, a middle and the last full registration, and the last 12 KiB registration.
     for offset, nbytes in ((0, MiB), (24 * MiB, MiB), (62 * MiB, MiB), (64 * MiB, 4096)):
         pool.array[offset:offset + nbytes] = rng.integers(0, 256, nbytes, dtype=np.uint8)
         copy_in_and_out(pool, offset, nbytes)
@@ -56,7 +56,7 @@ def test_every_piece_is_page_locked_and_copies_and_release_unregisters():
     assert mapping(pool.base) is None
 
 
-def test_registering_a_piece_twice_is_a_named_cuda_error():
+def test_registering_a_range_twice_is_a_named_cuda_error():
     pool = HostPool(MiB)
     with pytest.raises(kv.CudaError, match="cudaHostRegister: cudaErrorHostMemoryAlreadyRegistered"):
         _C.pool_register(pool.base, MiB, 0)
@@ -65,13 +65,13 @@ def test_registering_a_piece_twice_is_a_named_cuda_error():
 
 @pytest.mark.parametrize("cpu_layout", ["chunk_major", "per_tensor"])
 @pytest.mark.parametrize("method", ["batch", "auto", "pages", "pages_staged", "pages_dma", "pages_kernel"])
-def test_jobs_whose_runs_cross_the_pieces_edges(cpu_layout, method):
+def test_jobs_whose_runs_cross_registrations(cpu_layout, method):
     rng = np.random.default_rng(1)
-    # 64 KiB chunks, a piece every 4 chunks: storing consecutive blocks to consecutive
-    # chunks makes runs that the planner merges across pieces.
+    # 64 KiB chunks, a registration every 4 chunks: storing consecutive blocks to consecutive
+    # chunks makes runs that the planner merges across registrations.
     handler, model = make_handler(rng, [64 << 10], [1], num_blocks=64, num_chunks=64, bpc=1,
                                   cpu_layout=cpu_layout, device="cuda", method=method,
-                                  host_pool=PoolOptions(piece_bytes=256 << 10))
+                                  host_pool=PoolOptions(registration_bytes=256 << 10))
     ids = np.arange(64)
     assert handler.transfer_async("store", GPUSpec(ids, [64], [0]), CPUSpec(ids))
     handler.wait(["store"])
@@ -104,7 +104,7 @@ def test_registration_during_a_graph_capture_on_another_thread(monkeypatch):
     torch.cuda.synchronize()
     x.zero_()
     graph = torch.cuda.CUDAGraph()
-    pool = HostPool(64 * MiB, options=PoolOptions(background=True, piece_bytes=16 * MiB))
+    pool = HostPool(64 * MiB, options=PoolOptions(background=True, registration_bytes=16 * MiB))
     with torch.cuda.graph(graph):  # global capture mode, torch's default
         x.add_(1)
         capturing.set()
@@ -121,7 +121,7 @@ def test_graph_captures_while_a_large_pool_pins_in_the_background():
     x = torch.zeros(1024, device="cuda")
     x.add_(1)
     torch.cuda.synchronize()
-    pool = HostPool(4 << 30, options=PoolOptions(background=True, piece_bytes=64 * MiB))
+    pool = HostPool(4 << 30, options=PoolOptions(background=True, registration_bytes=64 * MiB))
     captures = during = 0
     while captures < 3 or not pool.ready():
         during += not pool.ready()

@@ -1,5 +1,5 @@
 """kvoffload.host_pool on a machine without a GPU: the pool is mapped, touched in
-parallel, pinned piece by piece (CUDA's calls stood in for by FakeCuda), ready in the
+parallel, pinned one registration after another (CUDA's calls stood in for by FakeCuda), ready in the
 background, refused to jobs until pinned, and gone without a trace on failure and on
 release()."""
 
@@ -16,7 +16,7 @@ from kvoffload import _C
 from kvoffload.host_pool import HostPool, PinnedMemoryError, PoolNotReadyError, PoolOptions
 from kvoffload.pool_layout import chunks_reach, kv_layout
 from kvoffload.planner import CPUSpec, GPUSpec, TransferPlan
-from kvoffload.pool_pieces import ChunkRun
+from kvoffload.pool_registrations import ChunkRun
 from kv_model import check, make_handler
 from proc_maps import mapping
 
@@ -63,17 +63,17 @@ class FakeCuda:
 
 
 class Gate:
-    """Stands in for pool_touch: lets the first ``open_pieces`` pieces through, then
-    blocks until opened; ``blocked`` is set once a piece waits."""
+    """Stands in for pool_touch: lets the first ``open_registrations`` registrations through, then
+    blocks until opened; ``blocked`` is set once a registration waits."""
 
-    def __init__(self, monkeypatch, open_pieces=1, fail=False):
-        self.touch, self.calls, self.open_pieces, self.fail = _C.pool_touch, 0, open_pieces, fail
+    def __init__(self, monkeypatch, open_registrations=1, fail=False):
+        self.touch, self.calls, self.open_registrations, self.fail = _C.pool_touch, 0, open_registrations, fail
         self.blocked, self.opened = threading.Event(), threading.Event()
         monkeypatch.setattr(_C, "pool_touch", self)
 
     def __call__(self, address, nbytes, cpus, threads):
         self.calls += 1
-        if self.calls > self.open_pieces:
+        if self.calls > self.open_registrations:
             self.blocked.set()
             self.opened.wait()
             if self.fail:
@@ -83,7 +83,7 @@ class Gate:
 
 def test_a_pool_is_resident_exactly_once_touched():
     before = status_kib("RssAnon")
-    pool = HostPool(64 * MiB + 5, pinned=False, options=PoolOptions(threads=2, piece_bytes=16 * MiB))
+    pool = HostPool(64 * MiB + 5, pinned=False, options=PoolOptions(threads=2, registration_bytes=16 * MiB))
     grown = status_kib("RssAnon") - before
     assert pool.ready() and pool.pinned_bytes == pool.nbytes
     assert 64 * 1024 + 4 <= grown <= 64 * 1024 + 1024, grown  # KiB: the pool, plus this process's noise
@@ -93,14 +93,14 @@ def test_a_pool_is_resident_exactly_once_touched():
     assert mapping(pool.base) is None
 
 
-def test_pinned_pieces_end_between_chunks_and_release_unregisters_them(monkeypatch):
+def test_registrations_end_between_chunks_and_release_unregisters_them(monkeypatch):
     cuda = FakeCuda(monkeypatch)
     chunk = 3 * 4096 + 4096 * 5  # 32 KiB chunks
     pool = HostPool(40 * chunk, chunk_runs=[ChunkRun(0, chunk, 40 * chunk)],
-                    options=PoolOptions(piece_bytes=100 << 10))
-    pieces = sorted(cuda.registered.items())
-    assert pieces[0][0] == pool.base and sum(n for _, n in pieces) == pool.memory.mapped_bytes
-    for (a, n), (b, _) in zip(pieces, pieces[1:]):
+                    options=PoolOptions(registration_bytes=100 << 10))
+    registrations = sorted(cuda.registered.items())
+    assert registrations[0][0] == pool.base and sum(n for _, n in registrations) == pool.memory.mapped_bytes
+    for (a, n), (b, _) in zip(registrations, registrations[1:]):
         assert a + n == b and (b - pool.base) % chunk == 0 and n <= 100 << 10
     pool.release()
     assert cuda.registered == {} and mapping(pool.base) is None
@@ -115,7 +115,7 @@ def test_a_failed_registration_undoes_everything_and_names_memlock(monkeypatch):
         with pytest.raises(PinnedMemoryError, match=r"could not page-lock bytes \[8388608, 12582912\) of "
                            r"the 16777216-byte host pool: cudaHostRegister: cudaErrorMemoryAllocation .*"
                            r"RLIMIT_MEMLOCK is 4096 bytes"):
-            HostPool(16 * MiB, options=PoolOptions(piece_bytes=4 * MiB, register_threads=1))
+            HostPool(16 * MiB, options=PoolOptions(registration_bytes=4 * MiB, register_threads=1))
     finally:
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (soft, hard))
     assert cuda.registered == {} and mapping(cuda.calls[0][0]) is None
@@ -123,12 +123,12 @@ def test_a_failed_registration_undoes_everything_and_names_memlock(monkeypatch):
 
 def test_a_failed_touch_undoes_everything_and_removes_a_shared_file(monkeypatch, tmp_path):
     cuda = FakeCuda(monkeypatch)
-    gate = Gate(monkeypatch, open_pieces=2, fail=True)
+    gate = Gate(monkeypatch, open_registrations=2, fail=True)
     gate.opened.set()
     name = f"kvoffload-test-{tmp_path.name}"
     with pytest.raises(PinnedMemoryError, match=rf"could not allocate the host pool's memory "
                        rf"\(/dev/shm/{name}: is its filesystem full\?\): touching"):
-        HostPool(16 * MiB, options=PoolOptions(piece_bytes=4 * MiB, shm_name=name, register_threads=1))
+        HostPool(16 * MiB, options=PoolOptions(registration_bytes=4 * MiB, shm_name=name, register_threads=1))
     assert len(cuda.calls) == 2 and cuda.registered == {}
     assert mapping(cuda.calls[0][0]) is None
     assert not os.path.exists(f"/dev/shm/{name}")
@@ -137,7 +137,7 @@ def test_a_failed_touch_undoes_everything_and_removes_a_shared_file(monkeypatch,
 def test_a_background_pool_reports_readiness_and_progress(monkeypatch, capfd):
     gate = Gate(monkeypatch)
     pool = HostPool(4 * MiB, pinned=False,
-                    options=PoolOptions(background=True, piece_bytes=MiB, progress_bytes=MiB))
+                    options=PoolOptions(background=True, registration_bytes=MiB, progress_bytes=MiB))
     gate.blocked.wait()
     assert pool.pinned_bytes == MiB and not pool.ready() and not pool.wait(timeout=0)
     gate.opened.set()
@@ -153,12 +153,12 @@ def test_small_pools_print_no_progress(capfd):
 
 def test_a_background_failure_is_raised_by_ready_and_wait_and_release_cleans_up(monkeypatch):
     cuda = FakeCuda(monkeypatch, fail_at=2)
-    pool = HostPool(4 * MiB, options=PoolOptions(background=True, piece_bytes=MiB, register_threads=1))
+    pool = HostPool(4 * MiB, options=PoolOptions(background=True, registration_bytes=MiB, register_threads=1))
     with pytest.raises(PinnedMemoryError, match=r"could not page-lock bytes \[1048576, 2097152\)"):
         pool.wait()
     with pytest.raises(PinnedMemoryError, match="could not page-lock"):
         pool.ready()
-    assert pool.pinned_bytes == MiB and len(cuda.registered) == 1  # the first piece stays usable
+    assert pool.pinned_bytes == MiB and len(cuda.registered) == 1  # the first registration stays usable
     pool.release()
     assert cuda.registered == {} and mapping(pool.base) is None
 
@@ -166,7 +166,7 @@ def test_a_background_failure_is_raised_by_ready_and_wait_and_release_cleans_up(
 def test_release_while_pinning_in_the_background(monkeypatch):
     cuda = FakeCuda(monkeypatch)
     gate = Gate(monkeypatch)
-    pool = HostPool(8 * MiB, options=PoolOptions(background=True, piece_bytes=MiB, register_threads=1))
+    pool = HostPool(8 * MiB, options=PoolOptions(background=True, registration_bytes=MiB, register_threads=1))
     gate.blocked.wait()
     gate.opened.set()
     pool.release()
@@ -180,7 +180,7 @@ def plan(cpu, sizes):
 
 def test_jobs_are_refused_until_their_chunks_are_pinned(monkeypatch):
     gate = Gate(monkeypatch)
-    pool = HostPool(4 * MiB, pinned=False, options=PoolOptions(background=True, piece_bytes=MiB))
+    pool = HostPool(4 * MiB, pinned=False, options=PoolOptions(background=True, registration_bytes=MiB))
     gate.blocked.wait()
     pool.require_pinned(pool.base + MiB, "in")
     with pytest.raises(PoolNotReadyError, match=r"job 'late': needs bytes of the host pool up to "
@@ -207,7 +207,7 @@ class SignallingCondition(threading.Condition):
 def test_with_wait_for_pinning_a_job_waits_for_its_chunks(monkeypatch):
     gate = Gate(monkeypatch)
     pool = HostPool(4 * MiB, pinned=False,
-                    options=PoolOptions(background=True, piece_bytes=MiB, wait_for_pinning=True))
+                    options=PoolOptions(background=True, registration_bytes=MiB, wait_for_pinning=True))
     gate.blocked.wait()
     pool._cond = SignallingCondition(gate.opened)  # the gate opens once the job waits
     pool.require_pinned(pool.base + 3 * MiB + 4096, "late")
@@ -217,7 +217,7 @@ def test_with_wait_for_pinning_a_job_waits_for_its_chunks(monkeypatch):
 
 def test_copies_are_cut_where_registrations_meet(monkeypatch):
     FakeCuda(monkeypatch)
-    pool = HostPool(64 << 10, options=PoolOptions(piece_bytes=16 << 10))
+    pool = HostPool(64 << 10, options=PoolOptions(registration_bytes=16 << 10))
     whole = plan([pool.base + 4096, pool.base + (40 << 10)], [32 << 10, 4096])
     cut = pool.split_plan(whole)
     assert (cut.cpu - pool.base).tolist() == [4096, 16 << 10, 32 << 10, 40 << 10]
@@ -259,14 +259,14 @@ def test_without_registration_the_pool_comes_from_cuda_host_alloc(monkeypatch):
 @pytest.mark.parametrize("options, message", [
     (dict(threads=0), r"threads: expected None or an int >= 1, got 0"),
     (dict(numa_node=-1), r"numa_node: expected None or an int >= 0, got -1"),
-    (dict(piece_bytes=100), r"piece_bytes: expected an int >= 4096, got 100"),
+    (dict(registration_bytes=100), r"registration_bytes: expected an int >= 4096, got 100"),
     (dict(huge_pages="yes"), r"huge_pages: expected one of"),
     (dict(background="no"), r"background: expected True or False, got 'no'"),
     (dict(wait_for_pinning="no"), r"wait_for_pinning: expected True or False, got 'no'"),
     (dict(background=1), r"background: expected True or False, got 1"),
     (dict(threads=True), r"threads: expected None or an int >= 1, got True"),
     (dict(numa_node=False), r"numa_node: expected None or an int >= 0, got False"),
-    (dict(piece_bytes=True), r"piece_bytes: expected an int >= 4096, got True"),
+    (dict(registration_bytes=True), r"registration_bytes: expected an int >= 4096, got True"),
     (dict(progress_bytes="8G"), r"progress_bytes: expected an int >= 0, got '8G'"),
     (dict(progress_bytes=-1), r"progress_bytes: expected an int >= 0, got -1"),
     (dict(progress_bytes=None), r"progress_bytes: expected an int >= 0, got None"),
@@ -290,10 +290,10 @@ def test_bad_sizes_and_nodes_are_named_and_leave_nothing_mapped():
 def test_the_handler_refuses_jobs_on_chunks_not_yet_pinned(monkeypatch):
     gate = Gate(monkeypatch)
     rng = np.random.default_rng(0)
-    # One 64 KiB chunk per piece: chunk c is piece c.
+    # One 64 KiB chunk per registration: chunk c is registration c.
     handler, model = make_handler(rng, [64 << 10], [1], num_blocks=8, num_chunks=8, bpc=1,
                                   cpu_layout="chunk_major",
-                                  host_pool=PoolOptions(background=True, piece_bytes=64 << 10))
+                                  host_pool=PoolOptions(background=True, registration_bytes=64 << 10))
     gate.blocked.wait()
     assert handler.transfer_async("first", GPUSpec([3], [1], [0]), CPUSpec([0]))
     with pytest.raises(PoolNotReadyError, match="job 'second': needs bytes of the host pool"):
@@ -309,25 +309,25 @@ def test_the_handler_refuses_jobs_on_chunks_not_yet_pinned(monkeypatch):
     assert mapping(handler.pool.base) is None
 
 
-def test_pieces_registered_at_once_grow_the_pinned_prefix_only(monkeypatch):
+def test_registrations_done_at_once_grow_the_pinned_prefix_only(monkeypatch):
     cuda = FakeCuda(monkeypatch)
     rng = np.random.default_rng(3)
     delays = iter(rng.uniform(0, 0.02, 64))
     register = cuda.register
 
     def slow_register(address, nbytes, device):
-        time.sleep(next(delays))  # pieces finish out of order
+        time.sleep(next(delays))  # registrations finish out of order
         register(address, nbytes, device)
 
     monkeypatch.setattr(_C, "pool_register", slow_register)
-    pool = HostPool(32 * MiB + 5, options=PoolOptions(background=True, piece_bytes=MiB, register_threads=4))
+    pool = HostPool(32 * MiB + 5, options=PoolOptions(background=True, registration_bytes=MiB, register_threads=4))
     seen = set()
     while not pool.ready():
         pinned = pool.pinned_bytes
         registered = dict(cuda.registered)  # a snapshot taken after pinned_bytes was read
         at = pool.base
         while at < pool.base + pinned:
-            assert at in registered, f"pinned_bytes {pinned} claims an unregistered piece at {at - pool.base}"
+            assert at in registered, f"pinned_bytes {pinned} claims an unregistered registration at {at - pool.base}"
             at += registered[at]
         seen.add(pinned)
         time.sleep(0.001)

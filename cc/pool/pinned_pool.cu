@@ -48,7 +48,7 @@ class PoolCallScope {
 
 }  // namespace
 
-void RegisterPoolPiece(int64_t address, int64_t bytes, int device) {
+void PoolRegister(int64_t address, int64_t bytes, int device) {
   RequireRange(address, bytes);
   PoolCallScope scope(device);
   CheckCuda(cudaHostRegister(reinterpret_cast<void*>(address), bytes,
@@ -56,7 +56,7 @@ void RegisterPoolPiece(int64_t address, int64_t bytes, int device) {
             "cudaHostRegister");
 }
 
-void UnregisterPoolPiece(int64_t address, int device) {
+void PoolUnregister(int64_t address, int device) {
   RequireRange(address, 1);
   PoolCallScope scope(device);
   CheckCuda(cudaHostUnregister(reinterpret_cast<void*>(address)), "cudaHostUnregister");

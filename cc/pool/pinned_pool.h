@@ -9,11 +9,11 @@ namespace kvoffload {
 // and runs in relaxed stream-capture mode, so a pool can be pinned on one thread while
 // another captures a CUDA graph. Failures throw CudaError.
 
-// Page-locks one piece of a pool for every device, mapped (cudaHostRegisterPortable | Mapped).
-void RegisterPoolPiece(int64_t address, int64_t bytes, int device);
+// Page-locks one registration (a range) of a pool for every device, mapped (cudaHostRegisterPortable | Mapped).
+void PoolRegister(int64_t address, int64_t bytes, int device);
 
-// Undoes RegisterPoolPiece.
-void UnregisterPoolPiece(int64_t address, int device);
+// Undoes PoolRegister.
+void PoolUnregister(int64_t address, int device);
 
 // Whether `device` supports cudaHostRegister (cudaDevAttrHostRegisterSupported).
 bool HostRegisterSupported(int device);

@@ -2,9 +2,10 @@
 kvoffload.pool_layout).
 
 ``HostPool`` makes the pool's memory (kvoffload.pool_memory) and pins it: threads on
-the GPU's NUMA node's CPUs fault its pages in while a registrar page-locks it piece by
-piece behind them (pieces end only between chunks: kvoffload.pool_pieces), in the
-foreground or in the background (``ready()``, ``wait()``).
+the GPU's NUMA node's CPUs fault its pages in while registrars page-lock it behind them,
+one registration (a cudaHostRegister) after another, each ending between chunks
+(kvoffload.pool_registrations), in the foreground or in the background (``ready()``,
+``wait()``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from kvoffload import _C, numa
 from kvoffload.ints import is_int
 from kvoffload.planner import TransferPlan
 from kvoffload.pool_memory import HUGE_PAGES, PinnedMemoryError, PoolMemory
-from kvoffload.pool_pieces import ChunkRun, piece_ends, split_at
+from kvoffload.pool_registrations import ChunkRun, registration_ends, split_at
 from kvoffload.shm_file import check_name
 
 class PoolNotReadyError(RuntimeError):
@@ -43,9 +44,9 @@ class PoolOptions:
     raises PoolNotReadyError (False).
     threads: first-touch threads (None: one per CPU of the NUMA node).
     numa_node: the node to place the pool on (None: the GPU's, where known).
-    piece_bytes: registration pieces are at most this large, where chunks allow.
-    register_threads: pieces registered at once (pinning pages is the driver's slow part;
-    a failure then stops only the pieces not started yet).
+    registration_bytes: registrations are at most this large, where chunks allow.
+    register_threads: registrations made at once (pinning pages is the driver's slow part;
+    a failure then stops only the registrations not started yet).
     progress_bytes: pools this large print their progress on stderr.
     """
 
@@ -55,7 +56,7 @@ class PoolOptions:
     wait_for_pinning: bool = False
     threads: int | None = None
     numa_node: int | None = None
-    piece_bytes: int = 4 << 30
+    registration_bytes: int = 4 << 30
     register_threads: int = 4  # faster than 1, as fast as 16 (docs/studies.md#pinning-the-pool)
     progress_bytes: int = 8 << 30
 
@@ -73,8 +74,8 @@ class PoolOptions:
             raise ValueError(f"numa_node: expected None or an int >= 0, got {self.numa_node!r}")
         if not is_int(self.register_threads) or self.register_threads < 1:
             raise ValueError(f"register_threads: expected an int >= 1, got {self.register_threads!r}")
-        if not is_int(self.piece_bytes) or self.piece_bytes < 4096:
-            raise ValueError(f"piece_bytes: expected an int >= 4096, got {self.piece_bytes!r}")
+        if not is_int(self.registration_bytes) or self.registration_bytes < 4096:
+            raise ValueError(f"registration_bytes: expected an int >= 4096, got {self.registration_bytes!r}")
         if not is_int(self.progress_bytes) or self.progress_bytes < 0:
             raise ValueError(f"progress_bytes: expected an int >= 0, got {self.progress_bytes!r}")
 
@@ -101,17 +102,17 @@ class HostPool:
         self.memory: PoolMemory | None = None
         self._buffer = None
         self._tensor = None
-        self._registered: list[int] = []  # addresses of the registered pieces
-        self._edges = np.zeros(0, np.int64)  # addresses where one piece ends and the next begins
+        self._registered: list[int] = []  # addresses of the registrations
+        self._edges = np.zeros(0, np.int64)  # addresses where one registration ends and the next begins
         self._cond = threading.Condition()
         self._pinned_bytes = 0
-        self._pieces_done: dict[int, int] = {}  # start -> end of pieces pinned past the prefix
+        self._registrations_done: dict[int, int] = {}  # start -> end of registrations pinned past the prefix
         self._error: BaseException | None = None
         self._stop = False
         self._thread: threading.Thread | None = None
         self.seconds = 0.0  # spent pinning so far
-        self.touch_seconds = 0.0  # of which first-touching pieces
-        self.register_seconds = 0.0  # registering pieces, summed over the registrar threads
+        self.touch_seconds = 0.0  # of which first-touching registrations
+        self.register_seconds = 0.0  # registering, summed over the registrar threads
         self._printed = 0.0  # when progress was last printed
         if buffer is not None:
             self._adopt(buffer)
@@ -157,7 +158,7 @@ class HostPool:
             if node is None and self.pinned:
                 node = _C.pool_numa_node(self.device)
             cpus, bind = numa.placement(node)
-            ends = piece_ends(self.memory.mapped_bytes, runs, opts.piece_bytes)
+            ends = registration_ends(self.memory.mapped_bytes, runs, opts.registration_bytes)
             if self.pinned:
                 self._edges = self.base + np.array(ends[:-1], np.int64)
         except BaseException:
@@ -199,12 +200,12 @@ class HostPool:
 
     def _pin(self, ends: list[int], cpus: list[int], bind: int | None, threads: int,
              raise_errors: bool) -> None:
-        """Touches piece after piece while registrar threads register the touched ones."""
+        """Touches one registration after another while registrar threads register the touched ones."""
         start, memory, broken = time.monotonic(), self.memory, threading.Event()
 
         def register(at: int, end: int) -> None:
             if broken.is_set() or self._stop:
-                return  # pieces pin in order: none after a failed one
+                return  # registrations pin in order: none after a failed one
             try:
                 self._register(at, end, start)
             except BaseException:
@@ -265,12 +266,12 @@ class HostPool:
         self._advance(at, end, start)
 
     def _advance(self, at: int, end: int, start: float) -> None:
-        """Piece [at, end) is ready; the pinned prefix grows over every ready piece."""
+        """Registration [at, end) is ready; the pinned prefix grows over every ready registration."""
         with self._cond:
-            self._pieces_done[at] = end
+            self._registrations_done[at] = end
             prefix = self._pinned_bytes
-            while prefix in self._pieces_done:
-                prefix = self._pieces_done.pop(prefix)
+            while prefix in self._registrations_done:
+                prefix = self._registrations_done.pop(prefix)
             self._pinned_bytes = min(prefix, self.nbytes)
             self.seconds = time.monotonic() - start
             last = self._pinned_bytes >= self.nbytes
@@ -338,7 +339,7 @@ class HostPool:
     # Release ---------------------------------------------------------------------------
 
     def release(self) -> None:
-        """Stops pinning, unregisters every piece and unmaps (or frees) the memory, which
+        """Stops pinning, unregisters every registration and unmaps (or frees) the memory, which
         goes now or, if views of it are still alive, with the last of them. Idempotent. In
         a forked child it only unmaps the child's copy: a shared file stays, and so does
         its lock, which is the parent's."""
@@ -363,7 +364,7 @@ class HostPool:
         if self.memory is not None:
             self.memory.close()
         if failures:
-            raise PinnedMemoryError(f"release: {len(failures)} pieces of the host pool could not "
+            raise PinnedMemoryError(f"release: {len(failures)} registrations of the host pool could not "
                                     f"be unregistered: {failures[0]}") from failures[0]
 
     def __del__(self):

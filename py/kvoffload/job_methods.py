@@ -112,7 +112,7 @@ class PageJobs:
 
 class PlannedJobs:
     """A raw-pointer copy method (or, with ``method`` None, the host copy on CPU tensors)
-    over copies planned on the host, in a pool's pieces."""
+    over copies planned on the host, in a pool's registrations."""
 
     resolves_on_lane = False
 
@@ -129,7 +129,7 @@ class PlannedJobs:
         return self._descriptors.allocated
 
     def plan(self, direction, prepared, gpu, registry):
-        """(bytes, copies) of a job: its (src, dst, sizes), cut where the pool's pieces
+        """(bytes, copies) of a job: its (src, dst, sizes), cut where the pool's registrations
         end, each checked against the registry."""
         del gpu
         plan = self._pool.split_plan(transfer_plan(self._table, prepared))

@@ -1,5 +1,5 @@
 // kvoffload._C's host memory (kvoffload.host_pool): registration, first touch, NUMA
-// placement and the pool's pinned pieces.
+// placement and the pool's registrations.
 
 #include <nanobind/nanobind.h>
 
@@ -38,14 +38,14 @@ void BindPool(nb::module_& m) {
       "pool_register",
       [](int64_t address, int64_t bytes, int device) {
         nb::gil_scoped_release release;
-        RegisterPoolPiece(address, bytes, device);
+        PoolRegister(address, bytes, device);
       },
       nb::arg("address"), nb::arg("bytes"), nb::arg("device"));
   m.def(
       "pool_unregister",
       [](int64_t address, int device) {
         nb::gil_scoped_release release;
-        UnregisterPoolPiece(address, device);
+        PoolUnregister(address, device);
       },
       nb::arg("address"), nb::arg("device"));
   m.def("pool_register_supported", &HostRegisterSupported, nb::arg("device"));

@@ -26,7 +26,7 @@ import numpy as np
 
 from kvoffload.ints import require_int
 from kvoffload.planner import KVLayout, alias_classes
-from kvoffload.pool_pieces import ChunkRun
+from kvoffload.pool_registrations import ChunkRun
 
 CPU_LAYOUTS = ("chunk_major", "per_tensor")
 _ALIGN = 4096

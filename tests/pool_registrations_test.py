@@ -1,4 +1,4 @@
-"""kvoffload.pool_pieces: registration edges never cut a chunk, and copies are cut at them."""
+"""kvoffload.pool_registrations: registration edges never cut a chunk, and copies are cut at them."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvoffload.pool_layout import chunk_runs
-from kvoffload.pool_pieces import PAGE, ChunkRun, piece_ends, split_at
+from kvoffload.pool_registrations import PAGE, ChunkRun, registration_ends, split_at
 
 
 def cuts_a_unit(at, runs):
@@ -29,25 +29,25 @@ def pools(draw):
 
 @settings(max_examples=300, deadline=None)
 @given(pools(), st.sampled_from([PAGE, 3 * PAGE, 64 << 10, 1 << 20]))
-def test_pieces_end_on_pages_between_chunks_and_cover_the_pool(pool, piece_bytes):
+def test_registrations_end_on_pages_between_chunks_and_cover_the_pool(pool, registration_bytes):
     runs, size = pool
-    ends = piece_ends(size, runs, piece_bytes)
+    ends = registration_ends(size, runs, registration_bytes)
     assert ends[-1] == size and ends == sorted(set(ends))
     for end in ends:
         assert end % PAGE == 0
         assert not cuts_a_unit(end, runs), end
 
 
-def test_pieces_are_no_larger_than_asked_where_chunks_allow():
+def test_registrations_are_no_larger_than_asked_where_chunks_allow():
     runs = [ChunkRun(0, 64 << 10, 1 << 30)]
-    ends = piece_ends(1 << 30, runs, 100 << 20)
+    ends = registration_ends(1 << 30, runs, 100 << 20)
     assert np.diff([0] + ends).max() <= 100 << 20
     assert len(ends) == -(-(1 << 30) // (100 << 20))
 
 
-def test_a_chunk_larger_than_a_piece_makes_the_piece_larger():
+def test_a_chunk_larger_than_a_registration_makes_it_larger():
     runs = [ChunkRun(0, 3 << 20, 30 << 20)]
-    assert piece_ends(30 << 20, runs, 1 << 20) == [(3 << 20) * k for k in range(1, 11)]
+    assert registration_ends(30 << 20, runs, 1 << 20) == [(3 << 20) * k for k in range(1, 11)]
 
 
 def test_layouts_give_runs_of_whole_chunks_or_whole_slots():
@@ -58,9 +58,9 @@ def test_layouts_give_runs_of_whole_chunks_or_whole_slots():
     assert per_tensor[:2] == [ChunkRun(0, 8192, 3 * 8192), ChunkRun(3 * 8192, 16384, 3 * 8192 + 3 * 16384)]
 
 
-def test_piece_bytes_below_a_page_is_refused():
-    with pytest.raises(ValueError, match="piece_bytes: must be >= 4096"):
-        piece_ends(1 << 20, [], 100)
+def test_registration_bytes_below_a_page_is_refused():
+    with pytest.raises(ValueError, match="registration_bytes: must be >= 4096"):
+        registration_ends(1 << 20, [], 100)
 
 
 @settings(max_examples=300, deadline=None)

@@ -61,15 +61,15 @@ class _Runs:
         return high
 
 
-def piece_ends(nbytes: int, runs, piece_bytes: int) -> list[int]:
-    """The end offsets of the pieces a pool of ``nbytes`` (a multiple of PAGE) is
-    registered in: each piece at most ``piece_bytes`` where an edge allows, else the
+def registration_ends(nbytes: int, runs, registration_bytes: int) -> list[int]:
+    """The end offsets of the registrations a pool of ``nbytes`` (a multiple of PAGE) is
+    registered in: each at most ``registration_bytes`` where an edge allows, else the
     smallest that does."""
-    if piece_bytes < PAGE:
-        raise ValueError(f"piece_bytes: must be >= {PAGE}, got {piece_bytes}")
+    if registration_bytes < PAGE:
+        raise ValueError(f"registration_bytes: must be >= {PAGE}, got {registration_bytes}")
     edges, ends, at = _Runs(runs), [], 0
     while at < nbytes:
-        target = at + piece_bytes
+        target = at + registration_bytes
         if target >= nbytes:
             end = nbytes
         else:
@@ -87,10 +87,10 @@ def split_at(edges: np.ndarray, host: np.ndarray, other: np.ndarray, sizes: np.n
     cuts = np.searchsorted(edges, ends, side="left") - first
     if not cuts.any():
         return host, other, sizes
-    pieces = cuts + 1
-    copy = np.repeat(np.arange(len(sizes)), pieces)
-    k = np.arange(len(copy)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    spans = cuts + 1
+    copy = np.repeat(np.arange(len(sizes)), spans)
+    k = np.arange(len(copy)) - np.repeat(np.cumsum(spans) - spans, spans)
     edge = first[copy] + k
     start = np.where(k == 0, host[copy], edges[np.maximum(edge - 1, 0)])
-    end = np.where(k == pieces[copy] - 1, ends[copy], edges[np.minimum(edge, len(edges) - 1)])
+    end = np.where(k == spans[copy] - 1, ends[copy], edges[np.minimum(edge, len(edges) - 1)])
     return start, other[copy] + (start - host[copy]), end - start
