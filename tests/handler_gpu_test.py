@@ -58,7 +58,7 @@ def test_a_store_sees_what_the_compute_stream_wrote_just_before(method):
         torch.cuda._sleep(SLEEP_CYCLES)
         for t in handler.gpu_tensors[0]:
             t[torch.from_numpy(ids).cuda()] = value
-        assert handler.transfer_async(trial, GPUSpec(ids, [4], [0]), CPUSpec(chunks))
+        assert handler.store(trial, GPUSpec(ids, [4], [0]), CPUSpec(chunks))
         handler.wait([trial])
         for t in range(2):
             assert (views[0][t][chunks] == value).all(), f"trial {trial}: the store read stale blocks"
@@ -79,8 +79,8 @@ def test_a_load_right_after_a_store_of_the_same_chunks_reads_the_stored_bytes(me
         torch.cuda._sleep(SLEEP_CYCLES)
         for t in handler.gpu_tensors[0]:
             t[torch.from_numpy(stored).cuda()] = value
-        assert handler.transfer_async(("s", trial), GPUSpec(stored, [4], [0]), CPUSpec(chunks))
-        assert handler.transfer_async(("l", trial), CPUSpec(chunks), GPUSpec(loaded, [4], [0]))
+        assert handler.store(("s", trial), GPUSpec(stored, [4], [0]), CPUSpec(chunks))
+        assert handler.load(("l", trial), CPUSpec(chunks), GPUSpec(loaded, [4], [0]))
         handler.wait([("l", trial)])
         for t in handler.gpu_tensors[0]:
             got = t[torch.from_numpy(loaded).cuda()]
@@ -109,17 +109,17 @@ def test_a_dma_load_reads_the_pool_out_of_stream_order_only_when_no_store_it_rea
                               bpc=1, cpu_layout="chunk_major", device="cuda", method="pages_dma")
     stored, loaded, elsewhere = np.split(np.random.default_rng(8).permutation(64)[:12], 3)
     # Once first, so that nothing made on first use (which may wait for the GPU) runs below.
-    assert handler.transfer_async("warm", GPUSpec(stored, [4], [0]), CPUSpec(list(range(20, 24))))
-    assert handler.transfer_async("warm load", CPUSpec(list(range(20, 24))), GPUSpec(loaded, [4], [0]))
+    assert handler.store("warm", GPUSpec(stored, [4], [0]), CPUSpec(list(range(20, 24))))
+    assert handler.load("warm load", CPUSpec(list(range(20, 24))), GPUSpec(loaded, [4], [0]))
     handler.wait(["warm", "warm load"])
     handler._jobs._table = spy = OrderSpy(handler._jobs._table)
     for t in handler.gpu_tensors[0]:
         t[torch.from_numpy(stored).cuda()] = 7
         t[torch.from_numpy(loaded).cuda()] = 0
     torch.cuda._sleep(1000 * SLEEP_CYCLES)  # the store waits for this, so it is in flight below
-    assert handler.transfer_async("store", GPUSpec(stored, [4], [0]), CPUSpec(list(range(4))))
-    assert handler.transfer_async("behind", CPUSpec(list(range(4))), GPUSpec(loaded, [4], [0]))
-    assert handler.transfer_async("beside", CPUSpec(list(range(8, 12))), GPUSpec(elsewhere, [4], [0]))
+    assert handler.store("store", GPUSpec(stored, [4], [0]), CPUSpec(list(range(4))))
+    assert handler.load("behind", CPUSpec(list(range(4))), GPUSpec(loaded, [4], [0]))
+    assert handler.load("beside", CPUSpec(list(range(8, 12))), GPUSpec(elsewhere, [4], [0]))
     deadline = time.monotonic() + 10
     while len(spy.orders) < 2 and time.monotonic() < deadline:
         time.sleep(1e-4)
@@ -128,7 +128,7 @@ def test_a_dma_load_reads_the_pool_out_of_stream_order_only_when_no_store_it_rea
     for t in handler.gpu_tensors[0]:
         assert (t[torch.from_numpy(loaded).cuda()] == 7).all(), "the load behind the store missed it"
         t[torch.from_numpy(loaded).cuda()] = 0
-    assert handler.transfer_async("after", CPUSpec(list(range(4))), GPUSpec(loaded, [4], [0]))
+    assert handler.load("after", CPUSpec(list(range(4))), GPUSpec(loaded, [4], [0]))
     handler.wait(["after"])
     order = _C.SrcAccessOrder
     assert spy.orders == [order.STREAM, order.ANY, order.ANY]  # behind, beside, after
@@ -202,7 +202,7 @@ def test_a_registered_host_buffer_is_page_locked_and_released():
     assert not _C.is_pinned_host(buffer.data_ptr())
     handler = OffloadHandler(gpu, 8, 2, host_buffer=buffer)
     assert _C.is_pinned_host(buffer.data_ptr()) and handler.pool.base == buffer.data_ptr()
-    assert handler.transfer_async(0, GPUSpec([3, 5], [2], [0]), CPUSpec([4]))
+    assert handler.store(0, GPUSpec([3, 5], [2], [0]), CPUSpec([4]))
     handler.wait([0])
     assert handler.get_finished()[0].success
     view = pool_views(handler, buffer.numpy())
@@ -229,10 +229,10 @@ held = torch.cuda.Stream()
 with torch.cuda.stream(held):
     torch.cuda._sleep(4_000_000_000)  # about 2 s of GPU cycles
 stored, loaded = rng.permutation(16)[:8], rng.permutation(16)[:4]
-assert handler.transfer_async("store", GPUSpec(stored, [8], [0]), CPUSpec([0, 1]))
+assert handler.store("store", GPUSpec(stored, [8], [0]), CPUSpec([0, 1]))
 handler.wait(["store"])
 store_done_while_held = not held.query()
-assert handler.transfer_async("expedited", CPUSpec([1]), GPUSpec(loaded, [4], [0]), expedite=True)
+assert handler.load("expedited", CPUSpec([1]), GPUSpec(loaded, [4], [0]), expedite=True)
 handler.wait(["expedited"])
 print("done while held:", store_done_while_held and not held.query())
 for result in handler.get_finished():

@@ -41,7 +41,7 @@ def test_the_ids_kept_for_wait_do_not_grow_with_the_jobs_run():
     for _ in range(total // batch):
         ids = list(range(job_id, job_id + batch))
         for k in ids:
-            assert handler.transfer_async(k, GPUSpec([k % 8], [1], [0]), CPUSpec([k % 4]))
+            assert handler.store(k, GPUSpec([k % 8], [1], [0]), CPUSpec([k % 4]))
         job_id += batch
         handler.wait(ids)
         assert sorted(r.job_id for r in handler.get_finished()) == ids
@@ -79,8 +79,7 @@ def test_a_forked_child_is_refused_and_the_parent_goes_on():
     pid = os.fork()
     if pid == 0:  # the child: report every call's outcome, never return into pytest
         try:
-            calls = {"transfer_async": lambda: handler.transfer_async("child", GPUSpec([2, 3], [2], [0]),
-                                                                      CPUSpec([1])),
+            calls = {"store": lambda: handler.store("child", GPUSpec([2, 3], [2], [0]), CPUSpec([1])),
                      "wait": lambda: handler.wait("before"), "get_finished": handler.get_finished,
                      "fence": handler.fence, "shutdown": handler.shutdown}
             lines = []
@@ -114,7 +113,7 @@ def test_a_forked_child_is_refused_and_the_parent_goes_on():
         os.waitpid(pid, 0)
         pytest.fail(f"the child hung; it reported {out.decode()!r}")
     lines = out.decode().splitlines()
-    assert [line.split(":")[0] for line in lines] == ["transfer_async", "wait", "get_finished", "fence", "shutdown"]
+    assert [line.split(":")[0] for line in lines] == ["store", "wait", "get_finished", "fence", "shutdown"]
     for line in lines:
         assert f"RuntimeError: this handler was made in process {os.getpid()} and cannot be used in process " \
                f"{pid}, a child forked from it" in line, line
@@ -142,7 +141,7 @@ def test_a_job_waiting_for_pinning_does_not_block_the_other_threads(monkeypatch)
     assert touching.wait(60) and handler.pool.pinned_bytes == 0
     threads = concurrent.futures.ThreadPoolExecutor(4)
     try:
-        store = threads.submit(handler.transfer_async, "store", GPUSpec([5, 2, 7], [3], [1]), CPUSpec([4, 1]))
+        store = threads.submit(handler.store, "store", GPUSpec([5, 2, 7], [3], [1]), CPUSpec([4, 1]))
         time.sleep(0.2)
         assert not store.done()  # waiting for the pinning
         for call in (handler.get_finished, lambda: handler.wait([]),
@@ -172,10 +171,10 @@ def test_a_tensor_two_groups_view_differently_is_registered_for_both_views(share
     # The wide view's last blocks reach past the narrow view's span: both must be registered.
     sizes = [2, 0] if wide == 0 else [0, 2]
     gpu = GPUSpec([6, 7], sizes, [0, 0])
-    assert handler.transfer_async("store", gpu, CPUSpec([3]))
+    assert handler.store("store", gpu, CPUSpec([3]))
     handler.wait("store")
     a[6:8] = 0
-    assert handler.transfer_async("load", CPUSpec([3]), gpu)
+    assert handler.load("load", CPUSpec([3]), gpu)
     handler.wait("load")
     assert [(r.job_id, r.success) for r in handler.get_finished()] == [("store", True), ("load", True)]
     assert torch.equal(a, original)  # all 64 bytes of blocks 6 and 7 went there and back
@@ -214,14 +213,14 @@ def swappable_handler(rng):
 def test_a_kv_tensor_whose_storage_is_swapped_is_refused_naming_it(swap):
     rng = np.random.default_rng(50)
     handler, tensors, host = swappable_handler(rng)
-    assert handler.transfer_async("before", GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
+    assert handler.store("before", GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
     handler.wait("before")
     stored = host.clone()
     swap(tensors[1])
-    for job_id, specs in (("store", (GPUSpec([2, 3], [2], [0]), CPUSpec([1]))),
-                          ("load", (CPUSpec([0]), GPUSpec([0, 1], [2], [0])))):
+    for submit in (lambda: handler.store("store", GPUSpec([2, 3], [2], [0]), CPUSpec([1])),
+                   lambda: handler.load("load", CPUSpec([0]), GPUSpec([0, 1], [2], [0]))):
         with pytest.raises(ValueError, match=r"gpu_tensors\[0\]\[1\]: its memory changed since it was registered"):
-            handler.transfer_async(job_id, *specs)
+            submit()
     assert torch.equal(host, stored)  # nothing copied
     assert [r.job_id for r in handler.get_finished()] == ["before"]
     handler.shutdown()
@@ -233,10 +232,10 @@ def test_a_host_buffer_whose_storage_is_swapped_is_refused_naming_it():
     before = [t.clone() for t in tensors]
     replacement = torch.full_like(host, 0x5A)
     host.set_(replacement)
-    for job_id, specs in (("store", (GPUSpec([2, 3], [2], [0]), CPUSpec([1]))),
-                          ("load", (CPUSpec([0]), GPUSpec([0, 1], [2], [0])))):
+    for submit in (lambda: handler.store("store", GPUSpec([2, 3], [2], [0]), CPUSpec([1])),
+                   lambda: handler.load("load", CPUSpec([0]), GPUSpec([0, 1], [2], [0]))):
         with pytest.raises(ValueError, match=r"host_buffer: its memory changed since it was registered"):
-            handler.transfer_async(job_id, *specs)
+            submit()
     assert (replacement == 0x5A).all() and all(torch.equal(t, b) for t, b in zip(tensors, before))
     assert handler.get_finished() == []
     handler.shutdown()

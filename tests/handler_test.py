@@ -21,7 +21,7 @@ from kvoffload.pool_layout import cpu_tensor_layouts, pool_bytes
 from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
 from kv_model import (POISON, a_failure_mid_job_fails_that_job_only, check, check_gpu_and_chunks,
                       copy_half_then_fail, make_handler, multi_group_with_an_empty_and_an_unaligned_group,
-                      run_job, soak, store_then_load_skipping_first_blocks)
+                      run_job, soak, store_then_load_skipping_first_blocks, submit_job)
 
 LAYOUTS = ["chunk_major", "per_tensor"]
 
@@ -85,12 +85,12 @@ def small_handler(**kwargs):
 def test_bad_jobs_raise_before_anything_is_submitted():
     handler, model = small_handler()
     store = (GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
-    assert handler.transfer_async("a", *store)
+    assert handler.store("a", *store)
     with pytest.raises(ValueError, match=r"job_id: 'a' is already in use"):
-        handler.transfer_async("a", *store)
+        handler.store("a", *store)
     handler.wait(["a"])
     with pytest.raises(ValueError, match=r"job_id: 'a' is already in use"):
-        handler.transfer_async("a", *store)  # finished, not yet collected
+        handler.store("a", *store)  # finished, not yet collected
     handler.get_finished()
     model.store([0, 1], [2], [0], [0])
     before = handler.pool.tensor.clone()
@@ -98,17 +98,17 @@ def test_bad_jobs_raise_before_anything_is_submitted():
         ((GPUSpec([0, 8], [2], [0]), CPUSpec([1])), ValueError, r"group 0: block_ids\[1\] = 8 is out of range"),
         ((GPUSpec([0, 1], [2], [0]), CPUSpec([1, 2])), ValueError, r"chunk_ids: has 2 ids but the groups use 1"),
         ((GPUSpec([0, 1], [1, 1], [0, 0]), CPUSpec([1])), ValueError, r"group_sizes: has 2 groups but the layout has 1"),
-        ((GPUSpec([0], [1], [0]), GPUSpec([1], [1], [0])), TypeError, r"src_spec, dst_spec: expected"),
+        ((GPUSpec([0], [1], [0]), GPUSpec([1], [1], [0])), TypeError, r"cpu: expected a CPUSpec, got GPUSpec"),
     ]
     for args, error, message in cases:
         with pytest.raises(error, match=message):
-            handler.transfer_async("b", *args)
+            handler.store("b", *args)
     with pytest.raises(ValueError, match=r"expedite: only for loads"):
-        handler.transfer_async("b", CPUSpec([0]), GPUSpec([2, 3], [2], [0]), expedite=True)
+        handler.load("b", CPUSpec([0]), GPUSpec([2, 3], [2], [0]), expedite=True)
     assert handler.get_finished() == [] and torch.equal(handler.pool.tensor, before)
     check(handler, model)
     handler.shutdown()
-    for call in (lambda: handler.transfer_async("c", *store), lambda: handler.store("c", *store),
+    for call in (lambda: handler.load("c", CPUSpec([0]), GPUSpec([0, 1], [2], [0])), lambda: handler.store("c", *store),
                  lambda: handler.wait(["a"])):
         with pytest.raises(RuntimeError, match=r"the handler is shut down"):
             call()
@@ -257,7 +257,7 @@ def random_job(rng, layout, blocks, chunks):
 
 def submit(handler, model, job_id, direction, ids, sizes, firsts, chunk_ids):
     gpu, cpu = GPUSpec(ids, sizes, firsts), CPUSpec(chunk_ids)
-    assert handler.transfer_async(job_id, *((gpu, cpu) if direction == "store" else (cpu, gpu)))
+    assert submit_job(handler, job_id, direction, gpu, cpu)
     getattr(model, direction)(ids, sizes, firsts, chunk_ids)
 
 
@@ -313,6 +313,11 @@ class BlockToChunk:
             return GPUSpec(b, [len(b)], [0]), CPUSpec(b)
         return CPUSpec(b), GPUSpec(b + 32, [len(b)], [0])
 
+    def submit(self, job, specs):
+        if isinstance(specs[0], GPUSpec):
+            return self.handler.store(job, *specs)
+        return self.handler.load(job, *specs)
+
     def finish(self, submitted, results):
         """Waits for the jobs and checks every result and byte; shuts the handler down."""
         self.handler.wait(submitted)
@@ -362,7 +367,7 @@ def test_repeated_sigints_leave_the_handler_usable():
     try:
         for job in range(1500):
             specs = jobs.specs(rng)
-            _, hit = interrupted(lambda: jobs.handler.transfer_async(job, *specs))
+            _, hit = interrupted(lambda: jobs.submit(job, specs))
             submitted += [] if hit else [job]
             finished, hit_finished = interrupted(jobs.handler.get_finished)
             results += finished or []
@@ -414,7 +419,7 @@ def test_an_interrupt_at_any_line_leaves_the_handler_usable():
     while True:  # one job per line the job's calls run, interrupted at that line
         n += 1
         job, specs = n, jobs.specs(rng)
-        calls = [lambda: jobs.handler.transfer_async(job, *specs), lambda: submitted.append(job),
+        calls = [lambda: jobs.submit(job, specs), lambda: submitted.append(job),
                  lambda: jobs.handler.wait(submitted[-3:]), lambda: results.extend(jobs.handler.get_finished())]
         if not interrupt_at_line(n, lambda: [call() for call in calls]):
             break
@@ -449,12 +454,12 @@ def test_a_partial_restore_keeps_the_failed_sub_blocks_partial(gated_failure):
         chunk = int(rng.integers(6))
         split = int(rng.integers(1, bpc))
         arm()
-        handler.transfer_async("bad", GPUSpec(rng.permutation(24)[:split], [split], [0]), CPUSpec([chunk]))
+        handler.store("bad", GPUSpec(rng.permutation(24)[:split], [split], [0]), CPUSpec([chunk]))
         submit(handler, model, "good", "store", rng.permutation(24)[: bpc - split], [bpc - split], [split], [chunk])
         handler.wait(["bad", "good"])
         results = {r.job_id: r.success for r in handler.get_finished()}
         assert results == {"bad": False, "good": True}
-        assert not handler.transfer_async("whole", CPUSpec([chunk]), GPUSpec(rng.permutation(24)[:bpc], [bpc], [0]))
+        assert not handler.load("whole", CPUSpec([chunk]), GPUSpec(rng.permutation(24)[:bpc], [bpc], [0]))
         (whole,) = handler.get_finished()
         assert not whole.success and "left partial by failed store 'bad'" in whole.error
         submit(handler, model, "rewritten part", "load", rng.permutation(24)[: bpc - split], [bpc - split],
@@ -472,11 +477,11 @@ def test_a_failed_store_fails_only_the_loads_of_its_bytes(gated_failure):
     arm, gate = gated_failure
     gate.clear()
     arm()
-    handler.transfer_async("bad", GPUSpec([0, 1, 2, 3], [4], [0]), CPUSpec([0, 1]))
+    handler.store("bad", GPUSpec([0, 1, 2, 3], [4], [0]), CPUSpec([0, 1]))
     # While it runs: a load over the blocks it reads, a store behind it, a load of its bytes.
     submit(handler, model, "overwrites its blocks", "load", [0, 1, 2, 3], [4], [0], [4, 5])
     submit(handler, model, "next store", "store", [12, 13], [2], [0], [2])
-    handler.transfer_async("reads its bytes", CPUSpec([1]), GPUSpec([6, 7], [2], [0]))
+    handler.load("reads its bytes", CPUSpec([1]), GPUSpec([6, 7], [2], [0]))
     gate.set()
     handler.wait(["bad", "overwrites its blocks", "next store", "reads its bytes"])
     results = {r.job_id: r for r in handler.get_finished()}
@@ -494,7 +499,7 @@ def test_a_load_submitted_as_a_failed_store_ends_fails(gated_failure, monkeypatc
     arm, gate = gated_failure
     gate.clear()
     arm()
-    handler.transfer_async("bad", GPUSpec([0, 1, 2, 3], [4], [0]), CPUSpec([0, 1]))
+    handler.store("bad", GPUSpec([0, 1, 2, 3], [4], [0]), CPUSpec([0, 1]))
     bad, collect = handler._in_flight["bad"].handle, handler._collect
 
     def collect_then_the_store_ends():
@@ -503,7 +508,7 @@ def test_a_load_submitted_as_a_failed_store_ends_fails(gated_failure, monkeypatc
         handler._lanes.wait(bad)
 
     monkeypatch.setattr(handler, "_collect", collect_then_the_store_ends)
-    assert handler.transfer_async("reads its bytes", CPUSpec([1]), GPUSpec([6, 7], [2], [0]))
+    assert handler.load("reads its bytes", CPUSpec([1]), GPUSpec([6, 7], [2], [0]))
     monkeypatch.setattr(handler, "_collect", collect)
     handler.wait(["bad", "reads its bytes"])
     results = {r.job_id: r for r in handler.get_finished()}
@@ -517,7 +522,7 @@ def test_wait_takes_one_id_or_a_collection_and_refuses_unknown_ids(gated_failure
     _, gate = gated_failure
     for one_id in ("job-1", ("s", 1), 7):
         gate.clear()
-        assert handler.transfer_async(one_id, GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
+        assert handler.store(one_id, GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
         waiter = threading.Thread(target=handler.wait, args=(one_id,))
         waiter.start()
         assert not handler.get_finished()  # the gate holds the job
@@ -560,15 +565,14 @@ def test_submitting_costs_the_same_however_many_jobs_are_in_flight_or_uncollecte
         gate.clear()
         ids = [CountingId((jobs, j)) for j in range(jobs)]
         for i, job_id in enumerate(ids):
-            handler.transfer_async(job_id, GPUSpec([i], [1], [0]), CPUSpec([i]))
+            handler.store(job_id, GPUSpec([i], [1], [0]), CPUSpec([i]))
         lanes_asked.clear()
-        handler.transfer_async(CountingId((jobs, "in flight")), GPUSpec([jobs], [1], [0]), CPUSpec([jobs]))
+        handler.store(CountingId((jobs, "in flight")), GPUSpec([jobs], [1], [0]), CPUSpec([jobs]))
         assert len(lanes_asked) <= 2  # the oldest job of each lane, not every job in flight
         gate.set()
         handler.wait(ids)
         CountingId.compared = 0
-        handler.transfer_async(CountingId((jobs, "uncollected")), GPUSpec([jobs + 1], [1], [0]),
-                               CPUSpec([jobs + 1]))
+        handler.store(CountingId((jobs, "uncollected")), GPUSpec([jobs + 1], [1], [0]), CPUSpec([jobs + 1]))
         assert CountingId.compared <= 2  # not one comparison per uncollected result
         handler.wait(list(handler._in_flight))
         assert len(handler.get_finished()) == jobs + 2
@@ -637,7 +641,7 @@ def test_a_handler_dropped_with_jobs_not_collected_is_freed_without_the_cycle_co
     try:
         handler, _ = make_handler(rng, [128], [2], num_blocks=8, num_chunks=4, bpc=2, cpu_layout="chunk_major")
         for i in range(3):
-            handler.transfer_async(i, GPUSpec(rng.permutation(8)[:2], [2], [0]), CPUSpec([i]))
+            handler.store(i, GPUSpec(rng.permutation(8)[:2], [2], [0]), CPUSpec([i]))
         handler.wait([0, 1, 2])
         dropped = weakref.ref(handler)
         del handler
@@ -662,12 +666,12 @@ def test_a_store_to_part_of_a_chunk_a_failed_store_wrote_leaves_the_rest_partial
                              cpu_layout=cpu_layout)
     arm, _ = gated_failure
     arm()  # the store copies its first two blocks (sub-blocks 0 and 1) and fails
-    handler.transfer_async("bad", GPUSpec([0, 2, 4, 6], [4, 0], [0, 0]), CPUSpec([1]))
-    handler.transfer_async("good", GPUSpec(*rewrite), CPUSpec([1]))
+    handler.store("bad", GPUSpec([0, 2, 4, 6], [4, 0], [0, 0]), CPUSpec([1]))
+    handler.store("good", GPUSpec(*rewrite), CPUSpec([1]))
     handler.wait(["bad", "good"])
     assert {r.job_id: r.success for r in handler.get_finished()} == {"bad": False, "good": True}
     for sub in (3, 2, 1, 0):  # group 0's sub-blocks of the chunk (3 and 2 never copied)
-        assert handler.transfer_async(f"load {sub}", CPUSpec([1]), GPUSpec([8], [1, 0], [sub, 0])) == (sub in rewritten)
+        assert handler.load(f"load {sub}", CPUSpec([1]), GPUSpec([8], [1, 0], [sub, 0])) == (sub in rewritten)
         handler.wait(f"load {sub}")
         (load,) = handler.get_finished()
         assert load.success or "left partial by failed store 'bad'" in load.error

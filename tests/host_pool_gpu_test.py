@@ -73,11 +73,11 @@ def test_jobs_whose_runs_cross_registrations(cpu_layout, method):
                                   cpu_layout=cpu_layout, device="cuda", method=method,
                                   host_pool=PoolOptions(registration_bytes=256 << 10))
     ids = np.arange(64)
-    assert handler.transfer_async("store", GPUSpec(ids, [64], [0]), CPUSpec(ids))
+    assert handler.store("store", GPUSpec(ids, [64], [0]), CPUSpec(ids))
     handler.wait(["store"])
     model.store(ids, [64], [0], ids)
     loaded = np.roll(ids, 5)
-    assert handler.transfer_async("load", CPUSpec(ids[2:50]), GPUSpec(loaded[2:50], [48], [0]))
+    assert handler.load("load", CPUSpec(ids[2:50]), GPUSpec(loaded[2:50], [48], [0]))
     handler.wait(["load"])
     model.load(loaded[2:50], [48], [0], ids[2:50])
     assert all(r.success for r in handler.get_finished())

@@ -295,13 +295,13 @@ def test_the_handler_refuses_jobs_on_chunks_not_yet_pinned(monkeypatch):
                                   cpu_layout="chunk_major",
                                   host_pool=PoolOptions(background=True, registration_bytes=64 << 10))
     gate.blocked.wait()
-    assert handler.transfer_async("first", GPUSpec([3], [1], [0]), CPUSpec([0]))
+    assert handler.store("first", GPUSpec([3], [1], [0]), CPUSpec([0]))
     with pytest.raises(PoolNotReadyError, match="job 'second': needs bytes of the host pool"):
-        handler.transfer_async("second", GPUSpec([4], [1], [0]), CPUSpec([5]))
+        handler.store("second", GPUSpec([4], [1], [0]), CPUSpec([5]))
     model.store([3], [1], [0], [0])
     gate.opened.set()
     handler.pool.wait()
-    assert handler.transfer_async("second", GPUSpec([4], [1], [0]), CPUSpec([5]))
+    assert handler.store("second", GPUSpec([4], [1], [0]), CPUSpec([5]))
     model.store([4], [1], [0], [5])
     handler.wait(["first", "second"])
     check(handler, model)

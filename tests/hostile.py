@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from kvoffload.planner import CPUSpec, GPUSpec
 
+from kv_model import submit_job
+
 ids = st.one_of(st.integers(-3, 20), st.sampled_from([-(2**63), 2**63 - 1, 2**31, -(2**31)]))
 
 # (direction, block ids, chunk ids, first block index) per job.
@@ -23,7 +25,7 @@ def submit_jobs(handler, hostile_jobs, prefix=None) -> list:
         job_id = i if prefix is None else (prefix, i)
         try:
             gpu_spec, cpu_spec = GPUSpec(block_ids, [len(block_ids)], [first]), CPUSpec(chunk_ids)
-            handler.transfer_async(job_id, *((gpu_spec, cpu_spec) if direction == "store" else (cpu_spec, gpu_spec)))
+            submit_job(handler, job_id, direction, gpu_spec, cpu_spec)
             submitted.append(job_id)
         except (TypeError, ValueError):
             pass

@@ -88,12 +88,18 @@ def check(handler, model):
             np.testing.assert_array_equal(gpu_pages(tensor, page), model.gpu[g][t], f"gpu group {g} tensor {t}")
 
 
+def submit_job(handler, job_id, direction, gpu, cpu, expedite=False) -> bool:
+    """handler.store or handler.load, by direction ("store" or "load")."""
+    if direction == "store":
+        return handler.store(job_id, gpu, cpu)
+    return handler.load(job_id, cpu, gpu, expedite)
+
+
 def run_job(handler, model, job_id, direction, block_ids, sizes, firsts, chunk_ids, expedite=False):
     """Runs one job to completion and checks its result and every byte."""
     gpu, cpu = GPUSpec(block_ids, sizes, firsts), CPUSpec(chunk_ids)
     start = time.perf_counter()
-    assert handler.transfer_async(job_id, *((gpu, cpu) if direction == "store" else (cpu, gpu)),
-                                  expedite=expedite)
+    assert submit_job(handler, job_id, direction, gpu, cpu, expedite)
     handler.wait([job_id])
     wall = time.perf_counter() - start
     (result,) = handler.get_finished()
@@ -152,7 +158,7 @@ def soak(handler, model, rng, jobs, max_in_flight):
                                  for g, n, b in zip(layout.groups, sizes, firsts)])
         direction = "store" if rng.random() < 0.5 else "load"
         gpu, cpu = GPUSpec(ids, sizes, firsts), CPUSpec(chunks)
-        assert handler.transfer_async(job, *((gpu, cpu) if direction == "store" else (cpu, gpu)))
+        assert submit_job(handler, job, direction, gpu, cpu)
         getattr(model, direction)(ids, sizes, firsts, chunks)
         submitted.append(job)
         results += handler.get_finished()
@@ -173,16 +179,16 @@ def a_failure_mid_job_fails_that_job_only(handler, model, arm_failure):
     left partial fail without copying until a store rewrites them, and then all is well."""
     run_job(handler, model, "first", "store", [0, 1, 2, 3], [4], [0], [0, 1])
     arm_failure()
-    handler.transfer_async("bad", GPUSpec([4, 5, 6, 7], [4], [0]), CPUSpec([0, 1]))
-    assert handler.transfer_async("other", GPUSpec([8, 9], [2], [0]), CPUSpec([2]))
-    handler.transfer_async("reader", CPUSpec([0, 1]), GPUSpec([12, 13, 14, 15], [4], [0]))
+    handler.store("bad", GPUSpec([4, 5, 6, 7], [4], [0]), CPUSpec([0, 1]))
+    assert handler.store("other", GPUSpec([8, 9], [2], [0]), CPUSpec([2]))
+    handler.load("reader", CPUSpec([0, 1]), GPUSpec([12, 13, 14, 15], [4], [0]))
     handler.wait(["bad", "other", "reader"])
     results = {r.job_id: r for r in handler.get_finished()}
     assert not results["bad"].success and "injected" in results["bad"].error, results["bad"]
     assert not results["reader"].success, results["reader"]
     assert results["other"].success, results["other"]
     model.store([8, 9], [2], [0], [2])
-    assert not handler.transfer_async("later", CPUSpec([1]), GPUSpec([14, 15], [2], [0]))
+    assert not handler.load("later", CPUSpec([1]), GPUSpec([14, 15], [2], [0]))
     (later,) = handler.get_finished()
     assert not later.success and "left partial by failed store 'bad'" in later.error
     check_gpu_and_chunks(handler, model, chunks=[2, 3, 4, 5, 6, 7])

@@ -137,9 +137,9 @@ def test_the_handler_checks_every_job_against_its_registry():
     handler.registry = shrunk
     handler.pool.tensor.fill_(0xA5)
     with pytest.raises(ValueError, match=r"dst\[0\]: .* outside registered host memory; nearest region: host pool"):
-        handler.transfer_async("escapes", GPUSpec([0, 1], [2], [0]), CPUSpec([3]))
+        handler.store("escapes", GPUSpec([0, 1], [2], [0]), CPUSpec([3]))
     assert (handler.pool.tensor == 0xA5).all() and handler.get_finished() == []
-    assert handler.transfer_async("inside", GPUSpec([0, 1], [2], [0]), CPUSpec([2]))
+    assert handler.store("inside", GPUSpec([0, 1], [2], [0]), CPUSpec([2]))
     handler.wait(["inside"])
     assert handler.get_finished()[0].success
     handler.shutdown()

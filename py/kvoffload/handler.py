@@ -2,8 +2,8 @@
 
 The handler owns the GPU tensors of every KV-cache group and a CPU pool beside them
 (see kvoffload.pool_layout for its layouts), one lane per direction and, optionally, an
-expedited lane for urgent loads. Its API is vLLM's offload worker's:
-``transfer_async``, ``get_finished``, ``wait``, ``shutdown``.
+expedited lane for urgent loads. Its verbs are vLLM's offload worker's: ``store`` and
+``load`` (vLLM's submit_store and submit_load), ``get_finished``, ``wait``, ``shutdown``.
 
 Safety by construction:
 - every job starts after the work queued so far on the compute stream (the current
@@ -282,17 +282,6 @@ class OffloadHandler:
         _check_specs(gpu, cpu)
         self._table.check(*job_arguments(gpu, cpu), names=job_names(gpu, cpu))
         check_shared(self.layout, gpu, cpu)
-
-    def transfer_async(self, job_id: Hashable, src_spec: GPUSpec | CPUSpec,
-                       dst_spec: GPUSpec | CPUSpec, expedite: bool = False) -> bool:
-        """store() for (GPUSpec, CPUSpec), load() for (CPUSpec, GPUSpec): vLLM's older
-        verb, for callers that hold the direction in the specs' types."""
-        if isinstance(src_spec, GPUSpec) and isinstance(dst_spec, CPUSpec):
-            return self._transfer(job_id, Direction.STORE, src_spec, dst_spec, expedite)
-        if isinstance(src_spec, CPUSpec) and isinstance(dst_spec, GPUSpec):
-            return self._transfer(job_id, Direction.LOAD, dst_spec, src_spec, expedite)
-        raise TypeError("src_spec, dst_spec: expected (GPUSpec, CPUSpec) for a store or "
-                        "(CPUSpec, GPUSpec) for a load")
 
     def _transfer(self, job_id: Hashable, direction: Direction, gpu: GPUSpec, cpu: CPUSpec,
                   expedite: bool) -> bool:
