@@ -20,6 +20,8 @@ def test_every_spelling_of_a_direction_is_that_direction():
             assert Direction.parse(spelling, "direction") is member
     assert Direction.LOAD.native == _C.Direction.LOAD and Direction.STORE.native == _C.Direction.STORE
     assert sorted(_C.Direction.__members__) == sorted(Direction.__members__)
+    # The C++ values, which a positional bool also converts to: False stores, True loads.
+    assert (int(_C.Direction.STORE.value), int(_C.Direction.LOAD.value)) == (0, 1)
 
 
 @pytest.mark.parametrize("value,error,message", [

@@ -46,7 +46,7 @@ bool SliceCutter::Next(Slice& s) {
       dma_slot.push_back(used);
       s.dma_size.push_back(n);
     }
-    HostOf(direction_, s.piece_src, s.piece_dst).push_back(used);
+    HostOf(direction_, s.piece_src, s.piece_dst).push_back(used);  // the slot, host-side
     DeviceOf(direction_, s.piece_src, s.piece_dst).push_back(device_[i] + offset_);
     s.piece_size.push_back(n);
     used += n;

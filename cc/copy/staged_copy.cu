@@ -21,6 +21,7 @@ namespace {
 // Slot offsets become addresses in the slot used.
 void Relocate(Slice& slice, int64_t base, Direction direction) {
   for (int64_t& a : DeviceOf(direction, slice.dma_src, slice.dma_dst)) a += base;
+  // A kernel piece's slot end stands where the host would.
   for (int64_t& a : HostOf(direction, slice.piece_src, slice.piece_dst)) a += base;
 }
 
