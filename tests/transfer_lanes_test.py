@@ -637,9 +637,18 @@ def test_a_wait_for_a_recycled_job_does_not_follow_the_job_given_its_events():
 
 def test_both_kinds_of_lanes_take_the_protocols_calls():
     calls = [name for name in vars(Lanes) if not name.startswith("_")]
-    assert len(calls) == 9
+    assert len(calls) == 10
     for cls in (CudaLanes, HostLanes):
         for name in calls:
             want = [p for p in inspect.signature(getattr(Lanes, name)).parameters if p != "self"]
             got = [p for p in inspect.signature(getattr(cls, name)).parameters if p != "self"]
             assert got == want, (cls.__name__, name)
+
+
+def test_host_lanes_refuse_a_fence_naming_it():
+    lanes = HostLanes(["store", "load"])
+    try:
+        with pytest.raises(RuntimeError, match=r"fence: only for a handler of GPU tensors"):
+            lanes.fence(None)
+    finally:
+        lanes.close()

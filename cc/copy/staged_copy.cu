@@ -48,8 +48,6 @@ std::vector<int64_t> AllPieces(const std::vector<Slice>& slices, std::vector<int
   return pieces;
 }
 
-constexpr int64_t kPieceBytes = int64_t{64} << 10;
-
 }  // namespace
 
 CopyResult StagedCopy(const CopyBatch& batch, Direction direction, cudaStream_t stream,
@@ -81,7 +79,7 @@ CopyResult StagedCopy(const CopyBatch& batch, Direction direction, cudaStream_t 
   // crashed once in the driver's small host-to-device copies (H200, driver 580.159).
   std::vector<Slice> slices;
   MemoryMap registrations(AskDriver);
-  SliceCutter cutter(batch, direction, options.slot_bytes, kPieceBytes,
+  SliceCutter cutter(batch, direction, options.slot_bytes, KernelCopyOptions{}.piece_bytes,
                      [&](int64_t address) { return registrations.At(address).end; });
   for (Slice slice; cutter.Next(slice);) slices.push_back(std::move(slice));
 

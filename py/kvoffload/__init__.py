@@ -19,6 +19,7 @@ from kvoffload.batch_copy import (
 )
 from kvoffload.auto import Auto
 from kvoffload.calibration import CalibrationCacheError
+from kvoffload.copy_methods import Batch, Kernel, PerCopy, Staged
 from kvoffload.handler import OffloadHandler, TransferResult
 from kvoffload.host_pool import PoolNotReadyError, PoolOptions
 from kvoffload.ordering import UnsafeCopyError
@@ -37,6 +38,10 @@ __all__ = [
     "Pages",
     "PagePath",
     "Auto",
+    "Batch",
+    "Kernel",
+    "PerCopy",
+    "Staged",
     "TransferResult",
     "PinnedMemoryError",
     "PoolNotReadyError",

@@ -50,6 +50,7 @@ def _checked(registry, src, dst, sizes, src_kind=ANY, dst_kind=ANY):
 
 # The copies' defaults, as the C++ option structs define them.
 KERNEL_CTAS = _C.KERNEL_CTAS
+PIECE_BYTES = _C.PIECE_BYTES
 STAGED_SLOT_BYTES, STAGED_SLOTS, STAGED_CTAS = _C.STAGED_SLOT_BYTES, _C.STAGED_SLOTS, _C.STAGED_CTAS
 
 
@@ -86,7 +87,7 @@ def kernel_copy(
     max_ctas: int = KERNEL_CTAS,
     *,
     registry,
-    _piece_bytes: int = 64 << 10,
+    _piece_bytes: int = PIECE_BYTES,
 ) -> CopyResult:
     """Copies with an SM kernel of at most ``max_ctas`` CTAs of 1024 threads.
 

@@ -238,6 +238,7 @@ void BindCopies(nb::module_& m) {
   static const KernelCopyOptions kKernelDefaults{};
   static const StagedCopyOptions kStagedDefaults{};
   m.attr("KERNEL_CTAS") = kKernelDefaults.max_ctas;
+  m.attr("PIECE_BYTES") = kKernelDefaults.piece_bytes;
   m.attr("STAGED_SLOT_BYTES") = kStagedDefaults.slot_bytes;
   m.attr("STAGED_SLOTS") = kStagedDefaults.slots;
   m.attr("STAGED_CTAS") = kStagedDefaults.max_ctas;

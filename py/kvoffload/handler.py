@@ -42,17 +42,12 @@ import threading
 import weakref
 from typing import Hashable, Iterable, Sequence
 
-import numpy as np
-
-from kvoffload import calibration
-from kvoffload.auto import Auto
-from kvoffload.batch_copy import batch_entry_point_version, load_kernels
+from kvoffload.batch_copy import load_kernels
 from kvoffload.host_pool import HostPool, PoolOptions
-from kvoffload.ints import require_int
-from kvoffload.job_methods import JobCopy, Method, PageJobs, PlannedJobs, method_object
+from kvoffload.ints import is_int, require_int
+from kvoffload.job_methods import JobCopy, Method, job_method, method_object
 from kvoffload.lane_accesses import LaneAccesses, LazyKeys
 from kvoffload.lane_conflicts import LaneConflicts
-from kvoffload.page_methods import Pages
 from kvoffload.page_table import ChunkParts, job_arguments, job_names, key_offsets, page_table
 from kvoffload.planner import (CPUSpec, GPUSpec, KVLayout, check_shared, chunks_used,
                                tensor_pages)
@@ -112,6 +107,79 @@ def _one_id(job_ids) -> bool:
     return isinstance(job_ids, (str, bytes, tuple)) or not isinstance(job_ids, Iterable)
 
 
+def _one_device(gpu_tensors):
+    devices = {t.device for group in gpu_tensors for t in group}
+    if not devices:
+        raise ValueError(f"gpu_tensors: no tensors in its {len(gpu_tensors)} groups")
+    if len(devices) != 1:
+        raise ValueError(f"gpu_tensors: expected one device, got {sorted(map(str, devices))}")
+    return devices.pop()
+
+
+def _chunks_per_group(num_cpu_chunks, groups: int) -> list[int]:
+    if is_int(num_cpu_chunks):
+        num_cpu_chunks = [num_cpu_chunks] * groups
+    if not isinstance(num_cpu_chunks, Iterable):
+        raise TypeError(f"num_cpu_chunks: expected an int or one per group, got "
+                        f"{type(num_cpu_chunks).__name__}")
+    num_cpu_chunks = [require_int(f"num_cpu_chunks[{g}]", n, 0) for g, n in enumerate(num_cpu_chunks)]
+    if len(num_cpu_chunks) != groups:
+        raise ValueError(f"num_cpu_chunks: has {len(num_cpu_chunks)} entries for {groups} groups")
+    return num_cpu_chunks
+
+
+def _register_gpu_tensors(registry, gpu_tensors) -> None:
+    """Every view is registered (its own span: a tensor's views in several groups may
+    differ, A[:, :32] and A), once: a tensor referenced by several groups again is only
+    watched, so that a storage swapped under any reference is refused."""
+    registered = set()
+    for g, group in enumerate(gpu_tensors):
+        for i, t in enumerate(group):
+            if t.numel():
+                view = (str(t.device), t.data_ptr(), tuple(t.shape), t.stride())
+                if view in registered:
+                    registry.watch(f"gpu_tensors[{g}][{i}]", t)
+                else:
+                    registered.add(view)
+                    registry.register_tensor(f"gpu_tensors[{g}][{i}]", t)
+
+
+def _pool_and_layout(registry, gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk, cpu_layout,
+                     host_buffer, cpu_places, options, device) -> tuple[HostPool, KVLayout]:
+    """The pool (made here, or the caller's host_buffer), registered, and the layout of
+    its chunks: cpu_layout's, or the caller's cpu_places in host_buffer."""
+    owners = tensor_owners(gpu_tensors)
+    if cpu_places is None:
+        need = pool_bytes(pages, num_cpu_chunks, blocks_per_chunk, owners)
+        runs = chunk_runs(pages, num_cpu_chunks, blocks_per_chunk, cpu_layout, owners)
+    elif host_buffer is None:
+        raise ValueError("cpu_places: places chunks in a host_buffer, and none was given")
+    else:  # the buffer is registered whole: no runs to respect
+        cpu_places, need = check_places(cpu_places, pages, num_cpu_chunks, blocks_per_chunk,
+                                        host_buffer.numel() * host_buffer.element_size())
+        runs = ()
+    pool = HostPool(need, buffer=host_buffer, pinned=device.type == "cuda", device=device.index or 0,
+                    options=options, chunk_runs=runs)
+    try:
+        shared = registry.overlapping(*tensor_span(pool.tensor))  # all of a host_buffer
+        if shared:
+            raise ValueError(f"host_buffer: overlaps {shared[0].name}")
+        if pool.nbytes:
+            registry.register("host pool", pool.base, pool.nbytes, MemoryKind.HOST)
+        if host_buffer is not None:
+            registry.watch("host_buffer", host_buffer)  # held, and refused if swapped
+        if cpu_places is None:
+            layout = kv_layout(gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk, pool.base, cpu_layout)
+        else:
+            layout = KVLayout.from_parts(
+                gpu_tensors, pages, [[(pool.base + o, s) for o, s in group] for group in cpu_places],
+                num_cpu_chunks, blocks_per_chunk)
+    except Exception:
+        pool.release()  # a host_buffer page-locked here is unlocked again
+        raise
+    return pool, layout
+
+
 def _close_quietly(lanes) -> None:
     try:
         lanes.close()
@@ -158,21 +226,8 @@ class OffloadHandler:
 
         gpu_tensors = [list(group) for group in gpu_tensors]
         require_int("blocks_per_chunk", blocks_per_chunk, 1)
-        devices = {t.device for group in gpu_tensors for t in group}
-        if not devices:
-            raise ValueError(f"gpu_tensors: no tensors in its {len(gpu_tensors)} groups")
-        if len(devices) != 1:
-            raise ValueError(f"gpu_tensors: expected one device, got {sorted(map(str, devices))}")
-        device = devices.pop()
-        if isinstance(num_cpu_chunks, (int, np.integer)):
-            num_cpu_chunks = [num_cpu_chunks] * len(gpu_tensors)
-        if not isinstance(num_cpu_chunks, Iterable):
-            raise TypeError(f"num_cpu_chunks: expected an int or one per group, got "
-                            f"{type(num_cpu_chunks).__name__}")
-        num_cpu_chunks = [require_int(f"num_cpu_chunks[{g}]", n, 0) for g, n in enumerate(num_cpu_chunks)]
-        if len(num_cpu_chunks) != len(gpu_tensors):
-            raise ValueError(f"num_cpu_chunks: has {len(num_cpu_chunks)} entries for "
-                             f"{len(gpu_tensors)} groups")
+        device = _one_device(gpu_tensors)
+        num_cpu_chunks = _chunks_per_group(num_cpu_chunks, len(gpu_tensors))
         if host_buffer is not None and not isinstance(host_buffer, torch.Tensor):
             raise TypeError(f"host_buffer: expected a CPU torch tensor, got {type(host_buffer).__name__}")
         pages = tensor_pages(gpu_tensors, page_bytes)
@@ -182,62 +237,15 @@ class OffloadHandler:
         if on_gpu:
             load_kernels(device.index)  # now, so that the first job does not wait for the model
         self.registry = MemoryRegistry()
-        # Every view is registered (its own span: a tensor's views in several groups may
-        # differ, A[:, :32] and A), once: a tensor referenced by several groups again is
-        # only watched, so that a storage swapped under any reference is refused.
-        registered = set()
-        for g, group in enumerate(gpu_tensors):
-            for i, t in enumerate(group):
-                if t.numel():
-                    view = (str(t.device), t.data_ptr(), tuple(t.shape), t.stride())
-                    if view in registered:
-                        self.registry.watch(f"gpu_tensors[{g}][{i}]", t)
-                    else:
-                        registered.add(view)
-                        self.registry.register_tensor(f"gpu_tensors[{g}][{i}]", t)
-        owners = tensor_owners(gpu_tensors)
-        if cpu_places is None:
-            need = pool_bytes(pages, num_cpu_chunks, blocks_per_chunk, owners)
-            runs = chunk_runs(pages, num_cpu_chunks, blocks_per_chunk, cpu_layout, owners)
-        elif host_buffer is None:
-            raise ValueError("cpu_places: places chunks in a host_buffer, and none was given")
-        else:  # the buffer is registered whole: no runs to respect
-            cpu_places, need = check_places(cpu_places, pages, num_cpu_chunks, blocks_per_chunk,
-                                            host_buffer.numel() * host_buffer.element_size())
-            runs = ()
-        self.pool = HostPool(need, buffer=host_buffer, pinned=on_gpu, device=device.index or 0,
-                             options=host_pool, chunk_runs=runs)
-        try:
-            shared = self.registry.overlapping(*tensor_span(self.pool.tensor))  # all of a host_buffer
-            if shared:
-                raise ValueError(f"host_buffer: overlaps {shared[0].name}")
-            if self.pool.nbytes:
-                self.registry.register("host pool", self.pool.base, self.pool.nbytes, MemoryKind.HOST)
-            if host_buffer is not None:
-                self.registry.watch("host_buffer", host_buffer)  # held, and refused if swapped
-            if cpu_places is None:
-                self.layout = kv_layout(gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk,
-                                        self.pool.base, cpu_layout)
-            else:
-                self.layout = KVLayout.from_parts(
-                    gpu_tensors, pages, [[(self.pool.base + o, s) for o, s in group] for group in cpu_places],
-                    num_cpu_chunks, blocks_per_chunk)
-        except Exception:
-            self.pool.release()  # a host_buffer page-locked here is unlocked again
-            raise
+        _register_gpu_tensors(self.registry, gpu_tensors)
+        self.pool, self.layout = _pool_and_layout(self.registry, gpu_tensors, pages, num_cpu_chunks,
+                                                  blocks_per_chunk, cpu_layout, host_buffer, cpu_places,
+                                                  host_pool, device)
         self.gpu_tensors = gpu_tensors
         lanes = [Direction.STORE.value, Direction.LOAD.value] + (["expedited"] if expedited_loads else [])
-        if on_gpu and isinstance(method, Auto):
-            calibration.calibration(device.index)  # loaded, or measured now, not in the first job
         # Checks every job's ids and keys it; for page methods also copies.
         self._table = page_table(self.layout, self.pool.registration_edges)
-        if not on_gpu:
-            self._jobs = PlannedJobs(None, self._table, self.pool, MemoryKind.HOST)
-        elif isinstance(method, Pages):
-            self._jobs = PageJobs(method, self.layout, self._table, self.registry, batch_entry_point_version() > 0)
-        else:
-            self._jobs = PlannedJobs(method, self._table, self.pool, MemoryKind.DEVICE)
-        self._device = device
+        self._jobs = job_method(method, device, self.layout, self._table, self.pool, self.registry)
         self._lanes: Lanes = CudaLanes(torch, device, lanes) if on_gpu else HostLanes(lanes)
         # A handler dropped without shutdown() ends its lanes before its pool goes.
         weakref.finalize(self, _close_quietly, self._lanes)
@@ -431,15 +439,11 @@ class OffloadHandler:
     def fence(self, stream=None) -> None:
         """On a GPU: ``stream`` (default: the current stream) waits for every job
         submitted so far. The host waits only until those jobs are enqueued."""
-        import torch
-
         self._check_process()
         with self._lock:
             self._start_unstarted()
             self._check_open()
-            if not isinstance(self._lanes, CudaLanes):
-                raise RuntimeError("fence: only for a handler of GPU tensors")
-            self._lanes.fence(stream if stream is not None else torch.cuda.current_stream(self._device))
+            self._lanes.fence(stream)
 
     def shutdown(self) -> None:
         """Waits for every job, then releases the lanes and the pool."""

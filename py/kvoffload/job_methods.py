@@ -15,10 +15,10 @@ import functools
 import logging
 from typing import Callable, Union
 
-from kvoffload import _C, page_methods
+from kvoffload import _C, calibration, page_methods
 from kvoffload.auto import METHODS as COPY_METHODS
 from kvoffload.auto import Auto
-from kvoffload.batch_copy import host_copy
+from kvoffload.batch_copy import batch_entry_point_version, host_copy
 from kvoffload.copy_methods import CopyMethod, copy_method
 from kvoffload.descriptor_pool import DescriptorPool
 from kvoffload.ordering import PendingWrites, safe_order
@@ -46,6 +46,18 @@ def method_object(method: Method) -> Pages | Auto | CopyMethod:
     except ValueError:
         raise ValueError(f"method: expected one of {NAMES}, or a kvoffload.Pages, kvoffload.Auto or "
                          f"kvoffload.copy_methods object, got {method!r}") from None
+
+
+def job_method(method: Pages | Auto | CopyMethod, device, layout, table, pool, registry) -> PageJobs | PlannedJobs:
+    """What a handler on ``device`` runs its jobs with: the host copy without a GPU. An
+    Auto method's calibration is loaded, or measured, now rather than in the first job."""
+    if device.type != "cuda":
+        return PlannedJobs(None, table, pool, MemoryKind.HOST)
+    if isinstance(method, Pages):
+        return PageJobs(method, layout, table, registry, batch_entry_point_version() > 0)
+    if isinstance(method, Auto):
+        calibration.calibration(device.index)
+    return PlannedJobs(method, table, pool, MemoryKind.DEVICE)
 
 
 @dataclasses.dataclass

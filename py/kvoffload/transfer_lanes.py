@@ -70,6 +70,8 @@ class Lanes(Protocol):
 
     def finish(self, handle) -> tuple[float, str | None]: ...
 
+    def fence(self, stream) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -259,8 +261,10 @@ class CudaLanes:
         return got
 
     def fence(self, stream) -> None:
-        """``stream`` waits for every job submitted so far (the host waits until they are
-        enqueued)."""
+        """``stream`` (None: the current stream) waits for every job submitted so far (the
+        host waits until they are enqueued)."""
+        if stream is None:
+            stream = self._torch.cuda.current_stream(self._device)
         for last in list(self._last.values()):
             with last.queued:
                 pass
@@ -335,6 +339,10 @@ class HostLanes:
         handle = self.make(lane, copy, waits, failing_with, pipelined, resolve)
         self.start(handle)
         return handle
+
+    def fence(self, stream) -> None:
+        del stream
+        raise RuntimeError("fence: only for a handler of GPU tensors")
 
     def make(self, lane, copy, waits, failing_with=(), pipelined=False, resolve=None):
         del pipelined  # a lane's thread runs one job at a time

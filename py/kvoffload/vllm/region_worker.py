@@ -25,6 +25,7 @@ from vllm.v1.kv_offload.base import GPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 
+from kvoffload.ints import is_int
 from kvoffload.vllm.worker import KVOffloadWorker, _block_view, _specs, _submit, group_tensors
 
 
@@ -187,7 +188,7 @@ def _check_runs(name, mapping, page) -> None:
         for field in fields:
             value = getattr(run, field)
             least = 1 if field in ("fragment_size", "num_fragments") else 0
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            if not is_int(value) or value < least:
                 raise ValueError(f"{name}.runs[{k}].{field}: expected an int >= {least}, got {value!r}")
         last = run.num_fragments - 1
         for side, offset, stride, limit in (

@@ -18,6 +18,7 @@ from vllm.v1.kv_offload.base import (CanonicalKVCaches, GPULoadStoreSpec, LoadSt
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 from kvoffload.handler import OffloadHandler
+from kvoffload.ints import is_int
 from kvoffload.planner import CPUSpec, GPUSpec
 
 logger = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ def _block_view(entry, name: str) -> torch.Tensor:
     tensor, page = entry.tensor, entry.page_size_bytes
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name}.tensor: expected a torch.Tensor, got {type(tensor).__name__}")
-    if isinstance(page, bool) or not isinstance(page, int) or page <= 0:
+    if not is_int(page) or page <= 0:
         raise ValueError(f"{name}.page_size_bytes: expected a positive int, got {page!r}")
     if tensor.dim() == 2 and tensor.dtype == torch.int8 and tensor.shape[1] == page:
         return tensor
@@ -49,7 +50,7 @@ def group_tensors(kv_caches: CanonicalKVCaches, views: list) -> tuple[list, list
             name = f"kv_caches.group_data_refs[{g}][{r}]"
             for field in ("tensor_idx", "page_size_bytes"):
                 value = getattr(ref, field)
-                if isinstance(value, bool) or not isinstance(value, int):
+                if not is_int(value):
                     raise TypeError(f"{name}.{field}: expected an int, got {type(value).__name__}")
             if not 0 <= ref.tensor_idx < len(views):
                 raise ValueError(f"{name}.tensor_idx: {ref.tensor_idx} is out of range "
