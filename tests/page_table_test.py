@@ -32,6 +32,22 @@ def test_units_are_the_per_block_references_pages(transfer):
     assert as_units(*units) == as_units(*reference)
 
 
+@settings(max_examples=200, deadline=None)
+@given(transfers())
+def test_spans_end_at_each_tensors_last_block_and_chunk_and_hold_every_page(transfer):
+    layout, gpu, cpu = transfer
+    gpu_spans, cpu_spans = page_table(layout).spans()
+    tensors = [(group, t) for group in layout.groups for t in group.tensors]
+    assert len(gpu_spans) == len(cpu_spans) == len(tensors)
+    for (group, t), gpu_span, cpu_span in zip(tensors, gpu_spans.tolist(), cpu_spans.tolist()):
+        n, c = group.num_gpu_blocks, group.num_cpu_chunks
+        assert gpu_span == ((n - 1) * t.gpu_stride + t.page_bytes if n else 0)
+        assert cpu_span == ((c - 1) * t.cpu_stride + layout.blocks_per_chunk * t.page_bytes if c else 0)
+    for g, h, n in plan_per_block(layout, gpu, cpu):
+        assert any(t.gpu_base <= g and g + n <= t.gpu_base + gs and t.cpu_base <= h and h + n <= t.cpu_base + cs
+                   for (_, t), gs, cs in zip(tensors, gpu_spans.tolist(), cpu_spans.tolist()))
+
+
 def test_pages_larger_than_a_unit_are_cut_into_units():
     page = 2 * UNIT_BYTES + 48
     layout = KVLayout((GroupLayout((TensorLayout(1 << 30, page, page, 1 << 40, 2 * page),), 4, 3),), 2)

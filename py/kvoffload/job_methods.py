@@ -82,14 +82,13 @@ class PageJobs:
     def __init__(self, method: Pages, layout, table, registry, batch_copy: bool):
         self._layout, self._table, self._ctas = layout, table, method.ctas
         self.paths = page_methods.choose(method, layout, batch_copy)
-        for g, group in enumerate(layout.groups):
-            for t in group.tensors:
-                if group.num_gpu_blocks:
-                    gpu_span = (group.num_gpu_blocks - 1) * t.gpu_stride + t.page_bytes
-                    registry.check([t.gpu_base], [gpu_span], MemoryKind.DEVICE, f"group {g} GPU extent")
-                if group.num_cpu_chunks:
-                    cpu_span = (group.num_cpu_chunks - 1) * t.cpu_stride + t.page_bytes * layout.blocks_per_chunk
-                    registry.check([t.cpu_base], [cpu_span], MemoryKind.HOST, f"group {g} CPU extent")
+        gpu_spans, cpu_spans = table.spans()
+        tensors = [(g, t) for g, group in enumerate(layout.groups) for t in group.tensors]
+        for (g, t), gpu_span, cpu_span in zip(tensors, gpu_spans.tolist(), cpu_spans.tolist()):
+            if gpu_span:
+                registry.check([t.gpu_base], [gpu_span], MemoryKind.DEVICE, f"group {g} GPU extent")
+            if cpu_span:
+                registry.check([t.cpu_base], [cpu_span], MemoryKind.HOST, f"group {g} CPU extent")
         logger.info("kvoffload: %s page bytes on average: stores by %s, loads by %s",
                     f"{page_methods.mean_page_bytes(layout):.0f}",
                     page_methods.name(self.paths[Direction.STORE]), page_methods.name(self.paths[Direction.LOAD]))

@@ -116,6 +116,16 @@ class PyPageTable {
     return nb::make_tuple(ToNumpy(std::move(gpu)), ToNumpy(std::move(cpu)));
   }
 
+  nb::tuple Spans() const {
+    const int64_t refs = static_cast<int64_t>(layout_.refs().size());
+    std::vector<int64_t> gpu(refs), cpu(refs);
+    for (int64_t r = 0; r < refs; ++r) {
+      gpu[r] = layout_.gpu_span(r);
+      cpu[r] = layout_.cpu_span(r);
+    }
+    return nb::make_tuple(ToNumpy(std::move(gpu)), ToNumpy(std::move(cpu)));
+  }
+
   void RequireOwn(const PreparedJob& job) const {
     if (job.table != serial_) throw nb::value_error("job: was prepared by another PageTable");
   }
@@ -256,6 +266,9 @@ void BindPages(nb::module_& m) {
              nb::handle cpu_offset) { return t.Keys(job, gpu_offset, cpu_offset); },
           nb::arg("job"), nb::arg("gpu_offset"), nb::arg("cpu_offset"),
           "(gpu_keys, cpu_keys) of a prepared job, as JobKeys numbers them.")
+      .def("spans", &PyPageTable::Spans,
+           "(gpu_spans, cpu_spans): per tensor, in layout order, the bytes from its base to "
+           "the end of its last block (GPU) or chunk (CPU); 0 where the group has none.")
       .def(
           "page_copies", [](const PyPageTable& t, const PreparedJob& job) { return t.PageCopies(job); },
           nb::arg("job"),
