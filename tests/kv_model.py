@@ -10,6 +10,7 @@ import torch
 
 from kvoffload.handler import Direction, OffloadHandler
 from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
+from planner_reference import job_blocks
 
 POISON = 0xA5
 
@@ -25,14 +26,7 @@ class KVModel:
 
     def _blocks(self, block_ids, group_sizes, block_indices, chunk_ids):
         """(group, block, chunk, sub-block) of every block of a transfer."""
-        b_at = c_at = 0
-        for g, (n, first) in enumerate(zip(group_sizes, block_indices)):
-            skip = first % self.bpc
-            for i in range(n):
-                pos = skip + i
-                yield g, int(block_ids[b_at + i]), int(chunk_ids[c_at + pos // self.bpc]), pos % self.bpc
-            b_at += n
-            c_at += chunks_used(n, first, self.bpc)
+        return job_blocks(self.bpc, block_ids, group_sizes, block_indices, chunk_ids)
 
     def store(self, *spec):
         for g, b, c, s in self._blocks(*spec):
