@@ -128,7 +128,8 @@ class PageJobs:
         run = self.bpc * block
         refs = np.array([[pools["device"].data_ptr(), block, block, pools["host"].data_ptr(), run]],
                         dtype=np.int64)
-        self.table = PageTable(refs, [1], [pool // block], [pool // run], self.bpc)
+        self.table = PageTable(refs, *(np.array([n], np.int64) for n in (1, pool // block, pool // run)), self.bpc,
+                               np.zeros(0, np.int64))
         self.pool = pool
 
     def job(self, rng, count):

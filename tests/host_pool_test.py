@@ -369,7 +369,7 @@ memory = mmap.mmap(-1, 512 << 20, flags=mmap.MAP_PRIVATE)
 base = np.frombuffer(memory, np.uint8).ctypes.data
 resource.setrlimit(resource.RLIMIT_AS, (vm_bytes() + (160 << 20), hard))
 try:
-    _C.pool_touch(base, 512 << 20, [], 8)
+    _C.pool_touch(base, 512 << 20, np.zeros(0, np.int64), 8)
     out["raised"] = None
 except RuntimeError as e:
     out["raised"] = str(e)

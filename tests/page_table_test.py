@@ -95,7 +95,7 @@ def test_keys_number_a_prepared_jobs_blocks_and_sub_blocks():
     chunks = np.concatenate([rng.permutation(4)[:2], rng.permutation(4)[:2]])
     job = table.prepare(blocks, chunks, [3, 2], [1, 3])
     blocks[:] = -1  # the job holds its own copy of the ids
-    gpu, cpu = table.keys(job, [100, 200], [1000, 2000])
+    gpu, cpu = table.keys(job, np.array([100, 200]), np.array([1000, 2000]))
     assert gpu.tolist() == (np.array([100] * 3 + [200] * 2) + job.ids()[0]).tolist()
     # Group 0's blocks are logical indices 1..3 (sub-blocks 1 and 0, 1 of its chunks),
     # group 1's 3..4 (sub-block 1 of its first chunk, then 0 of its second).
@@ -103,7 +103,7 @@ def test_keys_number_a_prepared_jobs_blocks_and_sub_blocks():
             2000 + 2 * chunks[2] + 1, 2000 + 2 * chunks[3]]
     assert cpu.tolist() == want
     with pytest.raises(ValueError, match="^job: was prepared by another PageTable$"):
-        other.keys(job, [0, 0], [0, 0])
+        other.keys(job, np.zeros(2, np.int64), np.zeros(2, np.int64))
 
 
 def test_bad_id_arrays_are_type_errors():
@@ -114,10 +114,27 @@ def test_bad_id_arrays_are_type_errors():
         table.check([0, 1], np.zeros((1, 2), np.int64), [1, 1], [0, 0])
 
 
+def raw_table(refs, group_refs, gpu_blocks, cpu_chunks, blocks_per_chunk):
+    as_int64 = lambda values: np.array(values, dtype=np.int64)
+    return _C.PageTable(refs, as_int64(group_refs), as_int64(gpu_blocks), as_int64(cpu_chunks),
+                        blocks_per_chunk, as_int64([]))
+
+
+@pytest.mark.parametrize("bad", [[1], np.array([1.0]), np.array([1], np.int32), np.array([[1]], np.int64)])
+def test_the_binding_takes_the_packages_int64_vectors_unconverted(bad):
+    refs = np.zeros((0, 5), np.int64)
+    with pytest.raises(TypeError):
+        _C.PageTable(refs, bad, np.array([4]), np.array([0]), 1, np.zeros(0, np.int64))
+    table = small_table()
+    job = table.prepare([0], [0], [1, 0], [0, 0])
+    with pytest.raises(TypeError):
+        table.keys(job, bad, np.array([0, 0]))
+
+
 def test_a_few_ids_over_a_vast_block_count_are_checked_in_memory_of_their_size():
     # 2^60 blocks: bits for every one would be 2^57 bytes.
     rng = np.random.default_rng(7)
-    table = _C.PageTable(np.zeros((0, 5), np.int64), [0], [1 << 60], [4], 1)
+    table = raw_table(np.zeros((0, 5), np.int64), [0], [1 << 60], [4], 1)
     ids = rng.integers(0, 1 << 60, size=3, dtype=np.int64)
     table.check(ids, [0, 1, 2], [3], [0])
     with pytest.raises(ValueError, match=rf"^group 0: block_ids\[2\] = {ids[0]} appears twice$"):
@@ -130,8 +147,8 @@ def test_a_chunk_size_near_2_63_cannot_wrap_a_jobs_chunk_count():
     # No chunks (or no tensors) leave blocks_per_chunk unbounded by any extent.
     refs = np.array([[1 << 30, 64, 1, 1 << 40, 2**63 - 1]], np.int64)
     with pytest.raises(ValueError, match=r"^group 0: 4 blocks and blocks_per_chunk 9223372036854775807 add up past"):
-        _C.PageTable(refs, [1], [4], [0], 2**63 - 1)
-    table = _C.PageTable(np.zeros((0, 5), np.int64), [0], [4], [0], 2**63 - 5)
+        raw_table(refs, [1], [4], [0], 2**63 - 1)
+    table = raw_table(np.zeros((0, 5), np.int64), [0], [4], [0], 2**63 - 5)
     with pytest.raises(ValueError, match=r"^chunk_ids: has 0 ids but the groups use 2 chunks"):
         table.check([0, 1], [], [2], [2**63 - 6])
 

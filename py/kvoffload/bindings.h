@@ -126,6 +126,16 @@ class Int64Array {
   int64_t size_ = 0;
 };
 
+// The package's own int64 arrays, passed from its Python modules: typed and taken only
+// with noconvert() arguments, so that nothing is converted on the way. Arrays from
+// users go through Int64Array, which names the argument in its errors.
+template <size_t N>
+using Int64Tensor = nb::ndarray<const int64_t, nb::ndim<N>, nb::c_contig, nb::device::cpu>;
+
+inline std::vector<int64_t> ToVector(const Int64Tensor<1>& array) {
+  return std::vector<int64_t>(array.data(), array.data() + array.shape(0));
+}
+
 // None (legacy default stream), an int handle, an object with __cuda_stream__
 // (the CUDA Python stream protocol) or with a cuda_stream attribute (torch).
 inline cudaStream_t ToStream(nb::handle stream) {

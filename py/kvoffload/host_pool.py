@@ -243,7 +243,7 @@ class HostPool:
     def _touch(self, at: int, end: int, cpus: list[int], threads: int) -> None:
         began = time.monotonic()
         try:
-            _C.pool_touch(self.base + at, end - at, cpus, threads)
+            _C.pool_touch(self.base + at, end - at, np.array(cpus, dtype=np.int64), threads)
             self.touch_seconds += time.monotonic() - began
         except RuntimeError as e:
             if str(e).startswith("first touch: could not start"):

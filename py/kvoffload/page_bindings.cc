@@ -88,12 +88,13 @@ struct PreparedJob {
 // A PageLayout, uploaded to each device on its first copy there.
 class PyPageTable {
  public:
-  PyPageTable(nb::handle refs, nb::handle group_refs, nb::handle gpu_blocks,
-              nb::handle cpu_chunks, int64_t blocks_per_chunk, nb::handle host_breaks)
+  PyPageTable(const Int64Tensor<2>& refs, const Int64Tensor<1>& group_refs,
+              const Int64Tensor<1>& gpu_blocks, const Int64Tensor<1>& cpu_chunks,
+              int64_t blocks_per_chunk, const Int64Tensor<1>& host_breaks)
       : serial_(NextSerial()),
-        layout_(Refs(refs), Vector(group_refs, "group_refs"), Vector(gpu_blocks, "gpu_blocks"),
-                Vector(cpu_chunks, "cpu_chunks"), blocks_per_chunk) {
-    layout_.set_host_breaks(Vector(host_breaks, "host_breaks"));
+        layout_(Refs(refs), ToVector(group_refs), ToVector(gpu_blocks), ToVector(cpu_chunks),
+                blocks_per_chunk) {
+    layout_.set_host_breaks(ToVector(host_breaks));
   }
 
   // `ids` is a snapshot of the caller's arrays: the check needs no GIL.
@@ -103,7 +104,8 @@ class PyPageTable {
   }
 
   // The keys (JobKeys) of a job this table checked.
-  nb::tuple Keys(const PreparedJob& prepared, nb::handle gpu_offset, nb::handle cpu_offset) const {
+  nb::tuple Keys(const PreparedJob& prepared, const Int64Tensor<1>& gpu_offset,
+                 const Int64Tensor<1>& cpu_offset) const {
     RequireOwn(prepared);
     const std::vector<int64_t> gpu_offsets = Offsets(gpu_offset, "gpu_offset");
     const std::vector<int64_t> cpu_offsets = Offsets(cpu_offset, "cpu_offset");
@@ -171,8 +173,7 @@ class PyPageTable {
   }
 
  private:
-  static std::vector<TensorRef> Refs(nb::handle obj) {
-    const Int64Array array(obj, "refs", 2);
+  static std::vector<TensorRef> Refs(const Int64Tensor<2>& array) {
     if (array.size() > 0 && array.shape(1) != 5) {
       throw nb::value_error("refs: expected shape [N, 5] (gpu_base, gpu_stride, page_bytes, "
                             "cpu_base, cpu_stride)");
@@ -185,8 +186,8 @@ class PyPageTable {
     return refs;
   }
 
-  std::vector<int64_t> Offsets(nb::handle obj, const char* name) const {
-    std::vector<int64_t> offsets = Vector(obj, name);
+  std::vector<int64_t> Offsets(const Int64Tensor<1>& array, const char* name) const {
+    std::vector<int64_t> offsets = ToVector(array);
     if (static_cast<int64_t>(offsets.size()) != layout_.groups()) {
       throw nb::value_error((std::string(name) + ": needs one entry per group (" +
                              std::to_string(layout_.groups()) + ")")
@@ -198,12 +199,6 @@ class PyPageTable {
       }
     }
     return offsets;
-  }
-
-  static std::vector<int64_t> Vector(nb::handle obj, const char* name) {
-    std::vector<int64_t> out;
-    JobIds::Take(obj, name, out);
-    return out;
   }
 
   const DevicePageTable& OnDevice(int device) {
@@ -238,9 +233,12 @@ void BindPages(nb::module_& m) {
       .value("DMA", PagePath::kDma, "cuMemcpyBatchAsync per page, no SM work");
   nb::class_<PyPageTable>(m, "PageTable",
                           "Every KV-cache group's tensors and the CPU pool, for jobs named by ids.")
-      .def(nb::init<nb::handle, nb::handle, nb::handle, nb::handle, int64_t, nb::handle>(),
-           nb::arg("refs"), nb::arg("group_refs"), nb::arg("gpu_blocks"), nb::arg("cpu_chunks"),
-           nb::arg("blocks_per_chunk"), nb::arg("host_breaks") = nb::tuple())
+      .def(nb::init<const Int64Tensor<2>&, const Int64Tensor<1>&, const Int64Tensor<1>&,
+                    const Int64Tensor<1>&, int64_t, const Int64Tensor<1>&>(),
+           nb::arg("refs").noconvert(), nb::arg("group_refs").noconvert(),
+           nb::arg("gpu_blocks").noconvert(), nb::arg("cpu_chunks").noconvert(),
+           nb::arg("blocks_per_chunk"), nb::arg("host_breaks").noconvert(),
+           "Made by kvoffload.page_table.page_table(layout): int64 arrays only.")
       .def(
           "check",
           [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i,
@@ -262,9 +260,9 @@ void BindPages(nb::module_& m) {
           "arrays (None: their parameter names).")
       .def(
           "keys",
-          [](const PyPageTable& t, const PreparedJob& job, nb::handle gpu_offset,
-             nb::handle cpu_offset) { return t.Keys(job, gpu_offset, cpu_offset); },
-          nb::arg("job"), nb::arg("gpu_offset"), nb::arg("cpu_offset"),
+          [](const PyPageTable& t, const PreparedJob& job, const Int64Tensor<1>& gpu_offset,
+             const Int64Tensor<1>& cpu_offset) { return t.Keys(job, gpu_offset, cpu_offset); },
+          nb::arg("job"), nb::arg("gpu_offset").noconvert(), nb::arg("cpu_offset").noconvert(),
           "(gpu_keys, cpu_keys) of a prepared job, as JobKeys numbers them.")
       .def("spans", &PyPageTable::Spans,
            "(gpu_spans, cpu_spans): per tensor, in layout order, the bytes from its base to "

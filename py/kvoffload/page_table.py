@@ -29,10 +29,10 @@ def page_table(layout: KVLayout, host_breaks=()) -> PageTable:
     the next begins; no DMA crosses them."""
     refs = np.array([[t.gpu_base, t.gpu_stride, t.page_bytes, t.cpu_base, t.cpu_stride]
                      for group in layout.groups for t in group.tensors], dtype=np.int64).reshape(-1, 5)
-    return PageTable(refs, [len(g.tensors) for g in layout.groups],
-                     [g.num_gpu_blocks for g in layout.groups],
-                     [g.num_cpu_chunks for g in layout.groups], layout.blocks_per_chunk,
-                     np.asarray(host_breaks, dtype=np.int64))
+    per_group = lambda f: np.array([f(g) for g in layout.groups], dtype=np.int64)
+    return PageTable(refs, per_group(lambda g: len(g.tensors)), per_group(lambda g: g.num_gpu_blocks),
+                     per_group(lambda g: g.num_cpu_chunks), layout.blocks_per_chunk,
+                     np.ascontiguousarray(host_breaks, dtype=np.int64))
 
 
 def key_offsets(layout: KVLayout, parts: "ChunkParts") -> tuple[np.ndarray, np.ndarray, int, int]:

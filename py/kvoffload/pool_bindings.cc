@@ -25,13 +25,12 @@ void BindPool(nb::module_& m) {
   m.def("is_pinned_host", &IsPinnedHost, nb::arg("address"));
   m.def(
       "pool_touch",
-      [](int64_t address, int64_t bytes, nb::handle cpus, int threads) {
-        const Int64Array cpu_list(cpus, "cpus", 1);
-        std::vector<int> cpu_ids(cpu_list.data(), cpu_list.data() + cpu_list.size());
+      [](int64_t address, int64_t bytes, const Int64Tensor<1>& cpus, int threads) {
+        std::vector<int> cpu_ids(cpus.data(), cpus.data() + cpus.shape(0));
         nb::gil_scoped_release release;
         TouchPages(address, bytes, cpu_ids, threads);
       },
-      nb::arg("address"), nb::arg("bytes"), nb::arg("cpus"), nb::arg("threads"));
+      nb::arg("address"), nb::arg("bytes"), nb::arg("cpus").noconvert(), nb::arg("threads"));
   m.def("pool_prefer_node", &PreferNumaNode, nb::arg("address"), nb::arg("bytes"),
         nb::arg("node"));
   m.def(
