@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Sequence, Union
 
 from kvoffload import _C
-from kvoffload.registry import ANY, require_registry
+from kvoffload.registry import require_registry
 from kvoffload.vocabulary import Direction, MemoryKind
 
 CudaError = _C.CudaError
@@ -39,7 +39,7 @@ def copy_arguments(registry, src, dst, sizes):
     return (checked,) + tuple(_C.copy_arrays(src, dst, sizes))
 
 
-def _checked(registry, src, dst, sizes, src_kind=ANY, dst_kind=ANY):
+def _checked(registry, src, dst, sizes, src_kind=None, dst_kind=None):
     """copy_arguments(), then the arrays checked against the registry: the copy gets the
     arrays that were checked."""
     checked, src, dst, sizes = copy_arguments(registry, src, dst, sizes)

@@ -28,8 +28,6 @@ from kvoffload import _C
 from kvoffload.ints import require_int
 from kvoffload.vocabulary import MemoryKind
 
-ANY = "any"  # a check's kind: either
-
 
 class Unchecked:
     """The registry argument of the raw-pointer calls that turns their check off."""
@@ -183,12 +181,12 @@ class MemoryRegistry:
         self._watched = tuple(w for w in self._watched if w.name != name)
         self._index = {}
 
-    def _merged(self, kind: MemoryKind | str):
+    def _merged(self, kind: MemoryKind | None):
         """Disjoint intervals covering the regions of ``kind``, sorted, with the regions.
         Only regions of one kind and device merge: no interval spans two kinds."""
         index = self._index
         if kind not in index:
-            regions = sorted((r for r in self._regions if kind in (ANY, r.kind)), key=lambda r: r.start)
+            regions = sorted((r for r in self._regions if kind in (None, r.kind)), key=lambda r: r.start)
             starts, ends, keys = [], [], []
             for r in regions:
                 if ends and r.start <= ends[-1] and keys[-1] == (r.kind, r.device):
@@ -200,15 +198,15 @@ class MemoryRegistry:
             index[kind] = (np.array(starts, np.int64), np.array(ends, np.int64), regions)
         return index[kind]
 
-    def check(self, addresses, sizes, kind: MemoryKind | str, what: str = "copies") -> None:
+    def check(self, addresses, sizes, kind: MemoryKind | str | None, what: str = "copies") -> None:
         """Raises ValueError naming the first copy whose [address, address + size) is not
-        inside one registered region of ``kind`` (a MemoryKind, "device", "host" or "any"),
+        inside one registered region of ``kind`` (a MemoryKind, "device" or "host"; None: either),
         or naming a watched tensor whose memory changed."""
         self.check_tensors()
         self._check(addresses, sizes, kind, what)
 
     def _check(self, addresses, sizes, kind, what: str) -> None:
-        if kind != ANY:
+        if kind is not None:
             kind = MemoryKind.parse(kind, "kind")
         addresses, sizes = _int64_array(addresses, what), _int64_array(sizes, "sizes")
         if addresses.shape != sizes.shape:
@@ -218,13 +216,13 @@ class MemoryRegistry:
         if i < 0:
             return
         nearest = min(regions, key=lambda r: min(abs(a - r.start), abs(a - r.end)), default=None)
-        memory = "memory" if kind == ANY else f"{kind} memory"
+        memory = "memory" if kind is None else f"{kind} memory"
         missed = (f"nearest region: {nearest.name} [{nearest.start:#x}, {nearest.end:#x})"
                   if nearest else f"no region of {memory} is registered")
         raise ValueError(f"{what}[{i}]: [{a:#x}, {a + n:#x}) is outside registered {memory}; {missed}")
 
-    def check_copies(self, src, dst, sizes, src_kind: MemoryKind | str = ANY,
-                     dst_kind: MemoryKind | str = ANY) -> None:
+    def check_copies(self, src, dst, sizes, src_kind: MemoryKind | str | None = None,
+                     dst_kind: MemoryKind | str | None = None) -> None:
         """Checks both ends of every copy; the error names ``src[i]`` or ``dst[i]``."""
         self.check_tensors()
         self._check(src, sizes, src_kind, "src")
