@@ -29,7 +29,7 @@ def small_handler(**kwargs):
 
 def entries(handler) -> int:
     """Items in every container the handler and its lanes hold: what grows with jobs kept."""
-    return sum(len(v) for obj in (handler, handler._lanes, handler._conflicts, handler._accesses)
+    return sum(len(v) for obj in (handler, handler._lanes, handler._conflicts, handler._conflicts._reported)
                for v in vars(obj).values() if isinstance(v, (set, dict, list, collections.deque)))
 
 

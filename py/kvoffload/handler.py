@@ -46,7 +46,7 @@ from kvoffload.batch_copy import load_kernels
 from kvoffload.host_pool import HostPool, PoolOptions
 from kvoffload.ints import is_int, require_int
 from kvoffload.job_methods import JobCopy, Method, job_method, method_object
-from kvoffload.lane_accesses import LaneAccesses, LazyKeys
+from kvoffload.lane_accesses import LazyKeys
 from kvoffload.lane_conflicts import LaneConflicts
 from kvoffload.page_table import ChunkParts, job_arguments, job_names, key_offsets, page_table
 from kvoffload.planner import (CPUSpec, GPUSpec, KVLayout, check_shared, chunks_used,
@@ -259,7 +259,6 @@ class OffloadHandler:
         # Which jobs each job waits for. Page jobs (which need no copy order) find them on
         # the lanes' enqueue threads; other jobs here.
         self._conflicts = LaneConflicts(gpu_keys, cpu_keys, self._lanes.done)
-        self._accesses = LaneAccesses(gpu_keys, cpu_keys)  # the last store of each CPU part, for failures
         self._unstarted: _Job | None = None  # see _start_unstarted
         self._submitted = 0
         # The ids get_finished() reported last, oldest first (at most COLLECTED_IDS_KEPT), for
@@ -342,9 +341,8 @@ class OffloadHandler:
             pass
 
     def _submit(self, job: _Job, plan, prepared) -> bool:
-        store = Direction.STORE.value
-        failed = self._accesses.first_failed(store, "cpu", job.keys()[1]) \
-            if job.direction is Direction.LOAD and self._accesses.has_failed(store) else None
+        failed = self._conflicts.failed_store(Direction.STORE.value, job.keys) \
+            if job.direction is Direction.LOAD else None
         if failed is not None:
             self._finished[job.job_id] = TransferResult(
                 job.job_id, False, job.direction, job.bytes, 0.0,
@@ -393,7 +391,7 @@ class OffloadHandler:
 
     def _record(self, job: _Job) -> None:
         """Notes a job about to start, where later jobs will look for it (idempotent)."""
-        self._accesses.record(job.lane, job.keys, job.seq)
+        self._conflicts.submitted(job.lane, job.seq, job.keys)
         if not self._jobs.resolves_on_lane:  # else its resolve adds it, on its lane's enqueue thread
             self._conflicts.add(job.lane, job.seq, job.writes_cpu, job.keys, job.handle)
 
@@ -481,9 +479,8 @@ class OffloadHandler:
             while jobs and self._lanes.done(jobs[0].handle):
                 job = jobs[0]
                 seconds, error = self._lanes.result(job.handle)
-                if error is not None:
-                    self._note_failure(job)
-                self._accesses.retire(job.lane, job.seq)
+                self._conflicts.collected(job.lane, job.seq, None if error is None else job.job_id,
+                                          job.writes_cpu)
                 self._finished[job.job_id] = TransferResult(
                     job.job_id, error is None, job.direction, job.bytes, seconds, error)
                 jobs.popleft()
@@ -491,10 +488,6 @@ class OffloadHandler:
                 self._lanes.recycle(job.handle)
                 if job.copy is not None:
                     self._jobs.release(job.copy)
-
-    def _note_failure(self, job: _Job) -> None:
-        if job.writes_cpu:
-            self._accesses.fail(job.lane, job.seq, job.job_id, "cpu")
 
     def _check_process(self) -> None:
         """Refuses a forked child: the handler's threads (and a GPU's context) stay in the

@@ -1,14 +1,23 @@
-"""Which jobs of other lanes a new job must wait for, and which stores it reads from.
+"""Which jobs of other lanes a new job must wait for, which stores it reads from, and
+which failed stores left the CPU sub-blocks it reads partial: the handler's one record
+of who touched what, kept on two clocks.
 
 One thread asks at a time, in submission order, and adds each job before the next one
 asks: the handler under its lock, or, for page jobs on CUDA lanes, the enqueue thread
 of the job's lane just before it enqueues the job (the lanes' threads take turns in
 submission order), so that the caller's submit pays nothing for it. A job counts as in flight until ``done(handle)`` says otherwise; a handle's
-``error`` is None unless the job failed."""
+``error`` is None unless the job failed.
+
+The handler's own clock (``submitted``, ``collected``, ``failed_store``), under its lock:
+the jobs as it submits and collects them, failures by job id, so that a load of chunks a
+failed store left partial fails at once, naming that store. It is a second LaneAccesses,
+not the lanes': those are written on the enqueue threads, by handle, and a failure
+reaches them when a lane's job is found done, not when the handler reports it."""
 
 from __future__ import annotations
 
 import collections
+from typing import Hashable
 
 from kvoffload.lane_accesses import SIDES, LaneAccesses
 
@@ -16,6 +25,7 @@ from kvoffload.lane_accesses import SIDES, LaneAccesses
 class LaneConflicts:
     def __init__(self, gpu_keys: int, cpu_keys: int, done):
         self._accesses = LaneAccesses(gpu_keys, cpu_keys)
+        self._reported = LaneAccesses(gpu_keys, cpu_keys)  # the handler's clock
         self._done = done
         # Per lane, seq -> handle of its jobs in flight, oldest first; a lane's jobs all
         # write the same side.
@@ -71,6 +81,24 @@ class LaneConflicts:
         got = self.resolve(lane, writes_cpu, keys)
         self.add(lane, seq, writes_cpu, keys, handle)
         return got
+
+    def submitted(self, lane: str, seq: int, keys) -> None:
+        """The handler submitted job ``seq`` of ``lane``; again, a no-op."""
+        self._reported.record(lane, keys, seq)
+
+    def collected(self, lane: str, seq: int, failed: Hashable | None, writes_cpu: bool) -> None:
+        """The handler collected job ``seq`` of ``lane``: ``failed`` is its job id if it
+        failed. Again after an interrupt, the same."""
+        if failed is not None and writes_cpu:
+            self._reported.fail(lane, seq, failed, "cpu")
+        self._reported.retire(lane, seq)
+
+    def failed_store(self, store_lane: str, keys) -> Hashable | None:
+        """The job id of a collected failed store that last wrote one of the CPU
+        sub-blocks ``keys()[1]`` names, or None."""
+        if not self._reported.has_failed(store_lane):
+            return None
+        return self._reported.first_failed(store_lane, "cpu", keys()[1])
 
     def _prune(self, lane: str) -> int:
         """Forgets the lane's jobs that are done (they finish in order), but for the
