@@ -111,3 +111,17 @@ def test_a_failed_store_done_before_a_load_asks_is_still_its_source():
     later.done = True
     assert conflicts.resolve("load", False, lazy([7], [2])) == ([], [])
     assert conflicts.resolve("load", False, lazy([7], [1, 2])) == ([], [store])
+
+
+def test_a_failed_store_is_named_whatever_its_job_id_even_none():
+    for job_id in (None, 0, "s", ("t", 1)):
+        conflicts = LaneConflicts(8, 8, done=lambda h: h.done)
+        stored = lazy([1, 2], [3, 4])
+        conflicts.submitted("store", 1, stored)
+        conflicts.collected("store", 1, job_id, True, True)
+        assert conflicts.failed_store("store", lazy([5], [4])) == (job_id,)
+        assert conflicts.failed_store("store", lazy([5], [6])) is None
+        # A later store that rewrites the sub-blocks clears them.
+        conflicts.submitted("store", 2, lazy([1, 2], [3, 4]))
+        conflicts.collected("store", 2, "again", False, True)
+        assert conflicts.failed_store("store", lazy([5], [4])) is None

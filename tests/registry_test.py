@@ -329,3 +329,11 @@ def test_a_checked_copy_into_a_tensor_whose_storage_was_swapped_is_refused(swap)
         assert storage() is not None
     r.unregister("dst")
     r.check([src.data_ptr()], [4096], "host")  # the rest of the registry checks again
+
+
+def test_a_kind_other_than_host_device_or_none_is_refused_naming_none():
+    r = MemoryRegistry()
+    r.register("host", 1 << 20, 4096, kv.MemoryKind.HOST)
+    r.check([1 << 20], [4096], None)
+    with pytest.raises(ValueError, match=r"kind: expected one of .* got 'any' \(None: either\)"):
+        r.check([1 << 20], [4096], "any")

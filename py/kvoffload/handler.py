@@ -174,7 +174,7 @@ def _pool_and_layout(registry, gpu_tensors, pages, num_cpu_chunks, blocks_per_ch
             layout = KVLayout.from_parts(
                 gpu_tensors, pages, [[(pool.base + o, s) for o, s in group] for group in cpu_places],
                 num_cpu_chunks, blocks_per_chunk)
-    except Exception:
+    except BaseException:
         pool.release()  # a host_buffer page-locked here is unlocked again
         raise
     return pool, layout
@@ -243,10 +243,14 @@ class OffloadHandler:
                                                   host_pool, device)
         self.gpu_tensors = gpu_tensors
         lanes = [Direction.STORE.value, Direction.LOAD.value] + (["expedited"] if expedited_loads else [])
-        # Checks every job's ids and keys it; for page methods also copies.
-        self._table = page_table(self.layout, self.pool.registration_edges)
-        self._jobs = job_method(method, device, self.layout, self._table, self.pool, self.registry)
-        self._lanes: Lanes = CudaLanes(torch, device, lanes) if on_gpu else HostLanes(lanes)
+        try:
+            # Checks every job's ids and keys it; for page methods also copies.
+            self._table = page_table(self.layout, self.pool.registration_edges)
+            self._jobs = job_method(method, device, self.layout, self._table, self.pool, self.registry)
+            self._lanes: Lanes = CudaLanes(torch, device, lanes) if on_gpu else HostLanes(lanes)
+        except BaseException:
+            self.pool.release()  # now, not when the collector finds it
+            raise
         # A handler dropped without shutdown() ends its lanes before its pool goes.
         weakref.finalize(self, _close_quietly, self._lanes)
         self._expedited = expedited_loads
@@ -346,7 +350,7 @@ class OffloadHandler:
         if failed is not None:
             self._finished[job.job_id] = TransferResult(
                 job.job_id, False, job.direction, job.bytes, 0.0,
-                f"reads CPU chunks left partial by failed store {failed!r}; nothing copied")
+                f"reads CPU chunks left partial by failed store {failed[0]!r}; nothing copied")
             return False
         seq = self._submitted + 1
         on_lane = self._jobs.resolves_on_lane  # see self._conflicts
@@ -479,8 +483,7 @@ class OffloadHandler:
             while jobs and self._lanes.done(jobs[0].handle):
                 job = jobs[0]
                 seconds, error = self._lanes.result(job.handle)
-                self._conflicts.collected(job.lane, job.seq, None if error is None else job.job_id,
-                                          job.writes_cpu)
+                self._conflicts.collected(job.lane, job.seq, job.job_id, error is not None, job.writes_cpu)
                 self._finished[job.job_id] = TransferResult(
                     job.job_id, error is None, job.direction, job.bytes, seconds, error)
                 jobs.popleft()

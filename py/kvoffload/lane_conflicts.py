@@ -86,16 +86,16 @@ class LaneConflicts:
         """The handler submitted job ``seq`` of ``lane``; again, a no-op."""
         self._reported.record(lane, keys, seq)
 
-    def collected(self, lane: str, seq: int, failed: Hashable | None, writes_cpu: bool) -> None:
-        """The handler collected job ``seq`` of ``lane``: ``failed`` is its job id if it
-        failed. Again after an interrupt, the same."""
-        if failed is not None and writes_cpu:
-            self._reported.fail(lane, seq, failed, "cpu")
+    def collected(self, lane: str, seq: int, job_id: Hashable, failed: bool, writes_cpu: bool) -> None:
+        """The handler collected job ``seq`` (``job_id``) of ``lane``. Again after an
+        interrupt, the same."""
+        if failed and writes_cpu:
+            self._reported.fail(lane, seq, (job_id,), "cpu")
         self._reported.retire(lane, seq)
 
-    def failed_store(self, store_lane: str, keys) -> Hashable | None:
-        """The job id of a collected failed store that last wrote one of the CPU
-        sub-blocks ``keys()[1]`` names, or None."""
+    def failed_store(self, store_lane: str, keys) -> tuple[Hashable] | None:
+        """(job id,) of a collected failed store that last wrote one of the CPU
+        sub-blocks ``keys()[1]`` names (any id, None too), or None."""
         if not self._reported.has_failed(store_lane):
             return None
         return self._reported.first_failed(store_lane, "cpu", keys()[1])

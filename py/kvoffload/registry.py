@@ -114,7 +114,7 @@ class MemoryRegistry:
 
     def __init__(self):
         self._regions: list[Region] = []
-        self._index: dict[str, tuple[np.ndarray, np.ndarray, list[Region]]] = {}
+        self._index: dict[MemoryKind | None, tuple[np.ndarray, np.ndarray, list[Region]]] = {}
         self._watched: tuple[_Watched, ...] = ()
 
     @property
@@ -207,7 +207,10 @@ class MemoryRegistry:
 
     def _check(self, addresses, sizes, kind, what: str) -> None:
         if kind is not None:
-            kind = MemoryKind.parse(kind, "kind")
+            try:
+                kind = MemoryKind.parse(kind, "kind")
+            except ValueError as e:
+                raise ValueError(f"{e} (None: either)") from None
         addresses, sizes = _int64_array(addresses, what), _int64_array(sizes, "sizes")
         if addresses.shape != sizes.shape:
             raise ValueError(f"{what}: has {len(addresses)} entries but sizes has {len(sizes)}")

@@ -190,11 +190,11 @@ def _check_runs(name, mapping, page) -> None:
             least = 1 if field in ("fragment_size", "num_fragments") else 0
             if not is_int(value) or value < least:
                 raise ValueError(f"{name}.runs[{k}].{field}: expected an int >= {least}, got {value!r}")
-        last = run.num_fragments - 1
+        last = int(run.num_fragments) - 1  # (Python ints: numpy's would wrap past 2^63)
         for side, offset, stride, limit in (
                 ("local", run.local_offset, run.local_stride, page),
                 ("canonical", run.canonical_offset, run.canonical_stride, mapping.canonical_page_size_bytes)):
-            end = offset + last * stride + run.fragment_size
+            end = int(offset) + last * int(stride) + int(run.fragment_size)
             if end > limit:
                 raise ValueError(f"{name}.runs[{k}]: its last fragment ends at byte {end} of the {side} "
                                  f"page, which has {limit}")
