@@ -17,7 +17,7 @@ namespace kvoffload {
 void BindTables(nb::module_& m) {
   // Job-number tables (kvoffload.lane_accesses).
   using Table = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-  using Keys = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+  using Keys = Int64Tensor<1>;
   auto keyed = [](Table& table, const Keys& keys, const char* name) {
     return KeyedTable{table.data(), static_cast<int64_t>(table.shape(0)), keys.data(),
                       static_cast<int64_t>(keys.shape(0)), name};
