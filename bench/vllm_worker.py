@@ -26,8 +26,8 @@ from kvoffload.steady_copies import DIRECTIONS, BulkCopies, WorkerCopies
 FLAGS = flags.FLAGS
 flags.DEFINE_list("layouts", ["llama8b-64k", "tp8-8k", "4k", "16k", "hybrid"], "Layouts to measure.")
 flags.DEFINE_list("methods", ["vllm_worker", "pages_staged", "pages_dma"],
-                  "Sources beside bulk: vllm_worker, region, a kvoffload method, or batch_per_job "
-                  "(batch with one driver call per job).")
+                  "Sources beside bulk: vllm_worker, region, a kvoffload method, batch_per_job "
+                  "(batch with one driver call per job), or pages_staged_ctasN (the ring on N CTAs).")
 flags.DEFINE_list("directions", list(DIRECTIONS), "store, load, both.")
 flags.DEFINE_integer("steps", None, "Counted steps a window (default: kvoffload.meter's).")
 flags.DEFINE_integer("rounds", meter.ROUNDS, "Busy windows per source.")
@@ -112,6 +112,18 @@ def batch_per_job():
     return BatchPerJob()
 
 
+def page_method(method):
+    """``pages_staged_ctasN`` (the ring's kernels on N CTAs) or a method name as it is."""
+    import kvoffload as kv
+    prefix = "pages_staged_ctas"
+    if method.startswith(prefix):
+        ctas = method[len(prefix):]
+        if not ctas.isdigit():
+            raise ValueError(f"--methods: expected {prefix}N with N a CTA count, got {method!r}")
+        return kv.Pages(kv.PagePath.STAGED, ctas=int(ctas))
+    return method
+
+
 def main(argv):
     del argv
     import torch
@@ -152,7 +164,7 @@ def main(argv):
             elif method == "region":
                 workers[method] = region_worker(cache, row_bytes, blocks)
             else:
-                chosen_method = batch_per_job() if method == "batch_per_job" else method
+                chosen_method = batch_per_job() if method == "batch_per_job" else page_method(method)
                 workers[method] = KVOffloadWorker(cache, 1, blocks, **({"method": chosen_method} if gpu else {}))
         default = KVOffloadWorker(cache, 1, blocks) if gpu else None
         chosen = default.handler.methods if gpu else {"store": "host", "load": "host"}
