@@ -12,13 +12,16 @@ from kvoffload import meter
 
 STEP = 0.004  # simulated seconds a step
 SLOW = 0.10
+COLD = 0.05
 
 
 class FakeGPU:
     """Steps and events in order; a step starts when enqueued and the one before is done."""
 
-    def __init__(self):
+    def __init__(self, cold_steps=0):
         self.pending, self.end, self.busy = [], 0.0, []  # busy: [start, end] of copies in flight
+        self.cold_steps = cold_steps  # the first steps run COLD faster, as a cold GPU's do
+        self.steps = 0
 
     def busy_at(self, t):
         return any(start <= t < end for start, end in self.busy)
@@ -33,7 +36,9 @@ class FakeGPU:
             if kind == "event":
                 item.ts = start
             else:
-                self.end = start + STEP * (1 + SLOW if item and self.busy_at(start) else 1)
+                cold = 1 - COLD if self.steps < self.cold_steps else 1
+                self.end = start + STEP * cold * (1 + SLOW if item and self.busy_at(start) else 1)
+                self.steps += 1
 
 
 class FakeEvent:
@@ -52,8 +57,8 @@ class FakeEvent:
 
 
 class FakeLoop:
-    def __init__(self):
-        gpu = self.gpu = FakeGPU()
+    def __init__(self, cold_steps=0):
+        gpu = self.gpu = FakeGPU(cold_steps)
         cuda = type("cuda", (), dict(Event=lambda self, enable_timing=False: FakeEvent(gpu),
                                      device=lambda self, d: contextlib.nullcontext(),
                                      stream=lambda self, s: contextlib.nullcontext(),
@@ -98,7 +103,7 @@ def test_the_slowing_source_shows_its_slowdown_and_the_harmless_one_none():
             return made[name][-1]
         return make
 
-    got = meter.measure(loop, {name: source(name) for name in made}, steps=40, rounds=2, margin=8)
+    got = meter.measure(loop, {name: source(name) for name in made}, steps=40, rounds=2, margin=8, warm=0)
     assert [len(made[n]) for n in made] == [2, 2]  # a fresh source per busy window
     for name, result in got.items():
         assert len(result.windows) == 2
@@ -118,15 +123,16 @@ def test_a_source_that_raises_stops_the_measurement_with_its_error():
             raise OSError("copies broke")
 
     with pytest.raises(OSError, match="copies broke"):
-        meter.measure(loop, {"broken": lambda: Broken(loop.gpu, False)}, steps=10, rounds=1, margin=4)
+        meter.measure(loop, {"broken": lambda: Broken(loop.gpu, False)}, steps=10, rounds=1, margin=4, warm=0)
 
 
 @pytest.mark.parametrize("bad, match", [(dict(steps=0), "steps: must be >= 1, got 0"),
                                         (dict(rounds=0), "rounds: must be >= 1, got 0"),
                                         (dict(margin=1), "margin: must be >= 2, got 1"),
-                                        (dict(rounds=1.5), "rounds: expected an int, got float")])
+                                        (dict(rounds=1.5), "rounds: expected an int, got float"),
+                                        (dict(warm=-1), "warm: must be >= 0, got -1")])
 def test_bad_arguments_are_named(bad, match):
-    args = dict(steps=10, rounds=1, margin=4) | bad
+    args = dict(steps=10, rounds=1, margin=4, warm=0) | bad
     with pytest.raises((ValueError, TypeError), match=match):
         meter.measure(FakeLoop(), {"a": lambda: None}, **args)
 
@@ -141,6 +147,22 @@ def test_a_source_that_drains_into_the_next_idle_window_leaves_the_next_busy_one
             return super().drain()
 
     got = meter.measure(loop, {"late": lambda: SlowDrain(loop.gpu, True),
-                               "next": lambda: Source(loop.gpu, False)}, steps=40, rounds=1, margin=8)
+                               "next": lambda: Source(loop.gpu, False)}, steps=40, rounds=1, margin=8,
+                        warm=0)
     assert not got["late"].windows[0]["covered"]
     assert not got["next"].windows[0]["covered"] and got["next"].noisy
+
+
+@pytest.mark.parametrize("warm", [0, 60])
+def test_the_warm_up_keeps_a_cold_start_out_of_the_first_window(warm):
+    # The first 50 steps run fast: without a warm-up they are the first idle window,
+    # and the first busy window's drift and slowdown show them.
+    loop = FakeLoop(cold_steps=50)
+    got = meter.measure(loop, {"harmless": lambda: Source(loop.gpu, False)}, steps=40, rounds=2,
+                        margin=8, warm=warm)["harmless"]
+    first = got.windows[0]
+    if warm:
+        assert abs(first["idle_drift"]) < 1e-3 and abs(first["step_slowdown"]) < 5e-4, got.windows
+        assert not got.noisy
+    else:
+        assert first["idle_drift"] > meter.NOISE and got.noisy, got.windows

@@ -35,6 +35,9 @@ AHEAD_SECONDS = 0.12
 STEPS = 100  # counted steps a window, at least
 WINDOW_SECONDS = 1.2  # and at least this long
 MARGIN_SECONDS = 0.15  # uncounted before each window: copies ramp up or drain
+# Uncounted steps before the first window. From cold, the loop's step time settles over
+# its first 4-6 s on the H200 (docs/measuring.md).
+WARM_SECONDS = 8.0
 ROUNDS = 2
 NOISE = 0.003  # |idle drift| above this in a window marks the result noisy
 POLL_SECONDS = 1e-4
@@ -150,13 +153,16 @@ class _Feeder(threading.Thread):
 
 
 def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = None,
-            rounds: int = ROUNDS, margin: int | None = None) -> dict[str, Result]:
+            rounds: int = ROUNDS, margin: int | None = None, warm: int | None = None) -> dict[str, Result]:
     """Each source (a function returning the Copies to keep in flight) in ``rounds`` busy
     windows beside ``loop``, between idle windows (see the module doc). steps, margin: per
-    window; default: STEPS and WINDOW_SECONDS, MARGIN_SECONDS of the loop's steps."""
+    window; warm: steps run before the first window. Default: STEPS and WINDOW_SECONDS,
+    MARGIN_SECONDS and WARM_SECONDS of the loop's steps."""
     steps = steps if steps is not None else max(STEPS, math.ceil(WINDOW_SECONDS / loop.step_seconds))
     margin = margin if margin is not None else max(4, math.ceil(MARGIN_SECONDS / loop.step_seconds))
-    for name, value, least in (("steps", steps, 1), ("rounds", rounds, 1), ("margin", margin, 2)):
+    warm = warm if warm is not None else math.ceil(WARM_SECONDS / loop.step_seconds)
+    for name, value, least in (("steps", steps, 1), ("rounds", rounds, 1), ("margin", margin, 2),
+                               ("warm", warm, 0)):
         require_int(name, value, least)
     names = list(sources)
     # Phases in order: None is idle.
@@ -165,9 +171,9 @@ def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = 
         for name in names:
             phases += [name, None]
     span = margin + steps
-    total = len(phases) * span + margin
+    total = warm + len(phases) * span + margin
     stream = _Stream(loop, total)
-    window_starts = [p * span + margin for p in range(len(phases))]
+    window_starts = [warm + p * span + margin for p in range(len(phases))]
     spans: dict[int, tuple[float, int, int, int]] = {}  # phase -> (seconds, bytes, drained at, started at)
     active: _Feeder | None = None
 
@@ -189,8 +195,8 @@ def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = 
                 if not active.is_alive():
                     collect()
             if active is None:
-                p = stream.done // span  # phase p: its margin, then its window; step `done` runs
-                if p < len(phases) and phases[p] is not None and p not in spans:
+                p = (stream.done - warm) // span  # phase p: its margin, then its window; step `done` runs
+                if 0 <= p < len(phases) and phases[p] is not None and p not in spans:
                     active = _Feeder(p, sources[phases[p]](), stream)
                     active.start()
             if stream.done >= until_done:
