@@ -27,7 +27,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("layouts", ["llama8b-64k", "tp8-8k", "4k", "16k", "hybrid"], "Layouts to measure.")
 flags.DEFINE_list("methods", ["vllm_worker", "pages_staged", "pages_dma"],
                   "Sources beside bulk: vllm_worker, region, a kvoffload method, batch_per_job "
-                  "(batch with one driver call per job), or pages_staged_ctasN (the ring on N CTAs).")
+                  "(batch with one driver call per job), pages_staged_ctasN (the ring on N CTAs), or "
+                  "pages_maxX (the page calibration's choice within a max_slowdown of X).")
 flags.DEFINE_list("directions", list(DIRECTIONS), "store, load, both.")
 flags.DEFINE_integer("steps", None, "Counted steps a window (default: kvoffload.meter's).")
 flags.DEFINE_integer("rounds", meter.ROUNDS, "Busy windows per source.")
@@ -113,7 +114,8 @@ def batch_per_job():
 
 
 def page_method(method):
-    """``pages_staged_ctasN`` (the ring's kernels on N CTAs) or a method name as it is."""
+    """``pages_staged_ctasN`` (the ring's kernels on N CTAs), ``pages_maxX`` (the path chosen
+    within a max_slowdown of X by the page calibration), or a method name as it is."""
     import kvoffload as kv
     prefix = "pages_staged_ctas"
     if method.startswith(prefix):
@@ -121,6 +123,11 @@ def page_method(method):
         if not ctas.isdigit():
             raise ValueError(f"--methods: expected {prefix}N with N a CTA count, got {method!r}")
         return kv.Pages(kv.PagePath.STAGED, ctas=int(ctas))
+    if method.startswith("pages_max"):
+        try:
+            return kv.Pages(max_slowdown=float(method[len("pages_max"):]))
+        except ValueError:
+            raise ValueError(f"--methods: expected pages_maxX with X a max_slowdown, got {method!r}") from None
     return method
 
 
@@ -188,7 +195,11 @@ def main(argv):
         beside = meter.measure(loop, {f"{m} {d}": make for (m, d), make in sources.items()},
                                FLAGS.steps, FLAGS.rounds) if loop is not None else {}
         for (method, direction), rate in alone.items():
+            handler = getattr(workers.get(method), "handler", None)
+            paths = handler.methods if handler is not None else None
             row = dict(base, method=method, direction=direction, gb_per_s=rate,
+                       paths=None if paths is None else paths["store"] if direction == "store"
+                       else paths["load"] if direction == "load" else f"{paths['store']}/{paths['load']}",
                        chosen=chosen["store" if direction == "store" else "load"] if direction != "both"
                        else f"{chosen['store']}/{chosen['load']}")
             got = beside.get(f"{method} {direction}")
@@ -215,7 +226,7 @@ def write(torch, rows, loop):
     meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
                 device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                 step_seconds=loop.step_seconds if loop else None, steps=FLAGS.steps,
-                rounds=FLAGS.rounds, noise=meter.NOISE,
+                rounds=FLAGS.rounds, noise=meter.NOISE, warm_seconds=meter.WARM_SECONDS,
                 dma_from_page_bytes={d.value: b for d, b in page_methods.DMA_FROM_PAGE_BYTES.items()},
                 note="kvoffload.meter: each source kept in flight (two jobs per direction, fed from "
                      "a thread of their own) through windows of at least 100 steps of the Llama-shaped "

@@ -108,7 +108,8 @@ def run_job(handler, model, job_id, direction, block_ids, sizes, firsts, chunk_i
 
 
 def store_then_load_skipping_first_blocks(device, cpu_layout, page, bpc, **handler_kwargs):
-    """vLLM's worker case: store 7 blocks of 4 tensors, load them back from sub-block 1 and 2."""
+    """vLLM's worker case: store 7 blocks of 4 tensors, load them back from sub-block 1 and 2.
+    Returns the handler, shut down."""
     rng = np.random.default_rng(page * bpc)
     handler, model = make_handler(rng, [page], [4], num_blocks=16, num_chunks=12, bpc=bpc,
                                   cpu_layout=cpu_layout, device=device, **handler_kwargs)
@@ -120,6 +121,7 @@ def store_then_load_skipping_first_blocks(device, cpu_layout, page, bpc, **handl
         load_chunks = chunks[first // bpc : first // bpc + chunks_used(n, first, bpc)]
         run_job(handler, model, first, "load", rng.permutation(16)[:n], [n], [first], load_chunks)
     handler.shutdown()
+    return handler
 
 
 def multi_group_with_an_empty_and_an_unaligned_group(device, cpu_layout, expedite=False):

@@ -235,14 +235,17 @@ def test_vllm_connector_flushes_a_preemption_on_every_rank_of_a_replicated_layou
         connector.shutdown()
 
 
-def test_the_extra_keys_become_handler_options_and_max_slowdown_belongs_to_auto():
+def test_the_extra_keys_become_handler_options_and_max_slowdown_belongs_to_pages_and_auto():
     assert handler_options({"kvoffload_method": "pages_dma", "kvoffload_cpu_layout": "per_tensor", "block_size": 32}) \
         == {"method": "pages_dma", "cpu_layout": "per_tensor"}
     assert handler_options({"kvoffload_method": "auto", "kvoffload_max_slowdown": 0.05}) \
         == {"method": kv.Auto(0.05)}
-    with pytest.raises(ValueError, match="kvoffload_max_slowdown is an option of \"kvoffload_method\": \"auto\", "
-                                         "got method 'pages'"):
-        handler_options({"kvoffload_max_slowdown": 0.05})
+    assert handler_options({"kvoffload_max_slowdown": 0.01}) == {"method": kv.Pages(max_slowdown=0.01)}
+    with pytest.raises(ValueError, match="kvoffload_max_slowdown is an option of \"kvoffload_method\": \"pages\" "
+                                         "or \"auto\", got method 'pages_dma'"):
+        handler_options({"kvoffload_method": "pages_dma", "kvoffload_max_slowdown": 0.05})
+    with pytest.raises(ValueError, match="kvoffload_max_slowdown: max_slowdown: must be a number >= 0"):
+        handler_options({"kvoffload_max_slowdown": -0.01})
     with pytest.raises(ValueError, match="kvoffload_max_slowdown: max_slowdown: must be a number >= 0"):
         handler_options({"kvoffload_method": "auto", "kvoffload_max_slowdown": "fast"})
     with pytest.raises(ValueError, match="kvoffload_max_slowdown: max_slowdown: must be a number >= 0"):

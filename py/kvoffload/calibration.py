@@ -102,6 +102,17 @@ class Calibration:
         slowdowns = dict(zip(self.beside_sizes, self.slowdown[name]))
         return _interpolate(measured, [slowdowns[size] for size in measured], copy_bytes)
 
+    def valid(self) -> bool:
+        """Whether the fields read from a file make a calibration."""
+        return (isinstance(self.key, str) and _numbers(self.sizes) and _numbers(self.beside_sizes)
+                and isinstance(self.rates, dict) and isinstance(self.beside, dict)
+                and isinstance(self.slowdown, dict)
+                and all(_numbers(t) and len(t) == len(self.sizes) for t in self.rates.values())
+                and all(_numbers(t) and len(t) == len(self.beside_sizes) for t in self.beside.values())
+                and all(_numbers(t, none=True) and len(t) == len(self.beside_sizes)
+                        for t in self.slowdown.values())
+                and set(self.slowdown) == set(self.beside))
+
     def _measured(self, name: str) -> list[int]:
         """The beside-sizes where the copies of ``name`` ran inside the loop."""
         return [size for size, s in zip(self.beside_sizes, self.slowdown[name]) if s is not None]
@@ -197,7 +208,7 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
 
 
 _lock = threading.Lock()
-_cached: dict[str, Calibration] = {}
+_cached: dict[str, object] = {}  # key -> a calibration of any kind
 
 
 class CalibrationCacheError(ValueError):
@@ -262,28 +273,23 @@ def _numbers(value, none=False) -> bool:
         (v is None and none) or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in value)
 
 
-def _entry(file: pathlib.Path, key: str, entry) -> Calibration | None:
-    """The calibration an entry holds; None where there is none or it is of another
-    format (measured again); CalibrationCacheError where it is not one."""
+def _entry(file: pathlib.Path, key: str, entry, kind, format: int):
+    """The ``kind`` (a dataclass with a valid() method) an entry holds; None where there
+    is none or it is of another format (measured again); CalibrationCacheError where it
+    is not one."""
     if entry is None:
         return None
     if not isinstance(entry, dict):
         raise _corrupt(file, f"the entry of {key!r} is a {type(entry).__name__}, not an object")
-    if entry.get("format") != FORMAT:
+    if entry.get("format") != format:
         return None
     fields = dict(entry)
     fields.pop("format")
     try:
-        cal = Calibration(**fields)
+        cal = kind(**fields)
     except TypeError as e:
         raise _corrupt(file, f"the entry of {key!r}: {e}") from None
-    good = (isinstance(cal.key, str) and _numbers(cal.sizes) and _numbers(cal.beside_sizes)
-            and isinstance(cal.rates, dict) and isinstance(cal.beside, dict) and isinstance(cal.slowdown, dict)
-            and all(_numbers(t) and len(t) == len(cal.sizes) for t in cal.rates.values())
-            and all(_numbers(t) and len(t) == len(cal.beside_sizes) for t in cal.beside.values())
-            and all(_numbers(t, none=True) and len(t) == len(cal.beside_sizes) for t in cal.slowdown.values())
-            and set(cal.slowdown) == set(cal.beside))
-    if not good:
+    if not cal.valid():
         raise _corrupt(file, f"the entry of {key!r} does not hold a calibration")
     return cal
 
@@ -301,30 +307,36 @@ def calibration(device: int | None = None, recalibrate: bool = False) -> Calibra
     else from the file, else measured on that device and saved. Reading takes no lock
     (the file is replaced whole), so a read-only cache serves; measuring takes it.
     ``recalibrate`` measures again and replaces a file that cannot be read."""
+    return cached(device, "", Calibration, FORMAT, lambda d: measure(d), recalibrate)
+
+
+def cached(device: int | None, suffix: str, kind, format: int, measure_on, recalibrate: bool):
+    """The entry under ``device``'s key and ``suffix`` of the cache file, of ``kind`` in
+    ``format``, or ``measure_on(device)`` saved there (see calibration())."""
     import torch
 
     if not torch.cuda.is_available():
-        raise NoCudaDeviceError("method='auto': no CUDA device to calibrate on")
+        raise NoCudaDeviceError("calibration: no CUDA device to calibrate on")
     device = torch.cuda.current_device() if device is None else int(device)
-    key = device_key(device)
+    key = device_key(device) + suffix
     with _lock:
         if key in _cached and not recalibrate:
             return _cached[key]
         file = path()
-        cal = None if recalibrate else _entry(file, key, _read(file).get(key))
+        cal = None if recalibrate else _entry(file, key, _read(file).get(key), kind, format)
         if cal is None:
             with _file_lock(file):
                 if not recalibrate:  # another process may have measured it meanwhile
-                    cal = _entry(file, key, _read(file).get(key))
+                    cal = _entry(file, key, _read(file).get(key), kind, format)
                 if cal is None:
-                    cal = measure(device)
+                    cal = measure_on(device)
                     try:
                         entries = _read(file)
                     except CalibrationCacheError:
                         if not recalibrate:
                             raise
                         entries = {}  # --recalibrate replaces what cannot be read
-                    entries[key] = dict(dataclasses.asdict(cal), format=FORMAT)
+                    entries[key] = dict(dataclasses.asdict(cal), format=format)
                     _write(file, entries)
         _cached[key] = cal
         return cal

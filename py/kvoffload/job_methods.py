@@ -15,7 +15,7 @@ import functools
 import logging
 from typing import Callable, Union
 
-from kvoffload import _C, calibration, page_methods
+from kvoffload import _C, calibration, page_calibration, page_methods
 from kvoffload.auto import METHODS as COPY_METHODS
 from kvoffload.auto import Auto
 from kvoffload.batch_copy import batch_entry_point_version, host_copy
@@ -54,7 +54,8 @@ def job_method(method: Pages | Auto | CopyMethod, device, layout, table, pool, r
     if device.type != "cuda":
         return PlannedJobs(None, table, pool, MemoryKind.HOST)
     if isinstance(method, Pages):
-        return PageJobs(method, layout, table, registry, batch_entry_point_version() > 0)
+        cal = page_calibration.page_calibration(device.index) if method.max_slowdown is not None else None
+        return PageJobs(method, layout, table, registry, batch_entry_point_version() > 0, cal)
     if isinstance(method, Auto):
         calibration.calibration(device.index)
     return PlannedJobs(method, table, pool, MemoryKind.DEVICE)
@@ -79,9 +80,9 @@ class PageJobs:
     resolves_on_lane = True
     descriptor_arrays_allocated = 0
 
-    def __init__(self, method: Pages, layout, table, registry, batch_copy: bool):
+    def __init__(self, method: Pages, layout, table, registry, batch_copy: bool, cal=None):
         self._layout, self._table, self._ctas = layout, table, method.ctas
-        self.paths = page_methods.choose(method, layout, batch_copy)
+        self.paths = page_methods.choose(method, layout, batch_copy, cal)
         gpu_spans, cpu_spans = table.spans()
         tensors = [(g, t) for g, group in enumerate(layout.groups) for t in group.tensors]
         for (g, t), gpu_span, cpu_span in zip(tensors, gpu_spans.tolist(), cpu_spans.tolist()):
@@ -89,9 +90,11 @@ class PageJobs:
                 registry.check([t.gpu_base], [gpu_span], MemoryKind.DEVICE, f"group {g} GPU extent")
             if cpu_span:
                 registry.check([t.cpu_base], [cpu_span], MemoryKind.HOST, f"group {g} CPU extent")
-        logger.info("kvoffload: %s page bytes on average: stores by %s, loads by %s",
+        logger.info("kvoffload: %s page bytes on average: stores by %s, loads by %s (%s)",
                     f"{page_methods.mean_page_bytes(layout):.0f}",
-                    page_methods.name(self.paths[Direction.STORE]), page_methods.name(self.paths[Direction.LOAD]))
+                    page_methods.name(self.paths[Direction.STORE]), page_methods.name(self.paths[Direction.LOAD]),
+                    "built-in choice" if cal is None or method.path is not None
+                    else f"within {method.max_slowdown:.1%} of bulk copies' slowdown, by the page calibration")
 
     @property
     def methods(self) -> dict[str, str]:

@@ -3,9 +3,10 @@
 A copy engine moves a large page at the link's rate without an SM, so beside a model it
 costs what any DMA costs; small pages leave the driver's per-copy time in charge, and
 there the staging ring (one DMA per host run, a kernel on the HBM side) is the fast
-path. ``choose`` takes DMA where the mean page is at least ``DMA_FROM_PAGE_BYTES`` for
-that direction (measured beside the model loop on the H200:
-bench/results/README.md, the method-per-layout runs).
+path. By default ``choose`` takes DMA where the mean page is at least
+``DMA_FROM_PAGE_BYTES`` for that direction (measured beside the model loop on the H200:
+bench/results/README.md, the method-per-layout runs). Given a ``max_slowdown``, it
+chooses from this device's page calibration instead (kvoffload.page_calibration).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import dataclasses
 from typing import ClassVar
 
 from kvoffload import _C
+from kvoffload.auto import check_max_slowdown
 from kvoffload.ints import require_int
 from kvoffload.vocabulary import Direction
 
@@ -36,16 +38,23 @@ def mean_page_bytes(layout) -> float:
 class Pages:
     """A handler's page method: each job goes to the GPU as ids. ``path``: every page by
     that PagePath, or None ("pages") to choose per direction from the layout (``choose``).
-    ``ctas``: the gather and scatter kernels' CTAs."""
+    ``ctas``: the gather and scatter kernels' CTAs. ``max_slowdown``: with path None, the
+    step slowdown over bulk copies' that a model beside may be given, chosen by from the
+    device's page calibration; None: the built-in choice."""
 
     path: PagePath | None = None
     ctas: int = PAGE_CTAS
+    max_slowdown: float | None = None
     MAX_CTAS: ClassVar[int] = 1 << 16
 
     def __post_init__(self):
         if self.path is not None and self.path not in FORCED.values():
             raise ValueError(f"path: expected None or one of {list(FORCED.values())}, got {self.path!r}")
         require_int("ctas", self.ctas, 1, self.MAX_CTAS)
+        if self.max_slowdown is not None:
+            if self.path is not None:
+                raise ValueError(f"max_slowdown: chooses a path, and path {name(self.path)!r} is forced")
+            check_max_slowdown(self.max_slowdown)
 
     @classmethod
     def named(cls, method: str) -> Pages:
@@ -59,13 +68,19 @@ class Pages:
         return "pages" if self.path is None else name(self.path)
 
 
-def choose(method: Pages, layout, batch_copy: bool = True) -> dict[Direction, PagePath]:
+def choose(method: Pages, layout, batch_copy: bool = True, cal=None) -> dict[Direction, PagePath]:
     """Each direction's path for a page method. batch_copy: whether the driver has
     cuMemcpyBatchAsync; without it DMA goes one driver call a page, and "pages" keeps
-    to the ring."""
+    to the ring. cal: the device's PageCalibration, for a method with a max_slowdown."""
     if method.path is not None:
         return {d: method.path for d in Direction}
     page = mean_page_bytes(layout)
+    if method.max_slowdown is not None:
+        from kvoffload import page_calibration
+
+        if cal is None:
+            raise ValueError("cal: a page method with a max_slowdown chooses from a page calibration, got None")
+        return {d: page_calibration.choose(cal, d, page, method.max_slowdown, batch_copy) for d in Direction}
     return {d: PagePath.DMA if batch_copy and page >= DMA_FROM_PAGE_BYTES[d] else PagePath.STAGED
             for d in Direction}
 

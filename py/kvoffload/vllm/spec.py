@@ -10,23 +10,25 @@ from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 from kvoffload.auto import Auto
 from kvoffload.host_pool import PoolOptions
+from kvoffload.page_methods import Pages
 from kvoffload.shm_file import unguessable_name
 from kvoffload.vllm.worker import KVOffloadWorker
 
 # kv_connector_extra_config keys read here; anything else goes to vLLM's spec.
 HANDLER_OPTIONS = {"kvoffload_method": "method", "kvoffload_cpu_layout": "cpu_layout"}
-MAX_SLOWDOWN = "kvoffload_max_slowdown"  # Auto's option, with "kvoffload_method": "auto"
+MAX_SLOWDOWN = "kvoffload_max_slowdown"  # with "kvoffload_method" "pages" (the default) or "auto"
 
 
 def handler_options(extra_config) -> dict:
     """OffloadHandler's keyword arguments from vLLM's kv_connector_extra_config."""
     options = {option: extra_config[key] for key, option in HANDLER_OPTIONS.items() if key in extra_config}
     if MAX_SLOWDOWN in extra_config:
-        if options.get("method") != "auto":
+        method = options.get("method", "pages")
+        if method not in ("pages", "auto"):
             raise ValueError(f"kv_connector_extra_config: {MAX_SLOWDOWN} is an option of "
-                             f"\"kvoffload_method\": \"auto\", got method {options.get('method', 'pages')!r}")
+                             f"\"kvoffload_method\": \"pages\" or \"auto\", got method {method!r}")
         try:
-            options["method"] = Auto(extra_config[MAX_SLOWDOWN])
+            options["method"] = (Auto if method == "auto" else Pages)(max_slowdown=extra_config[MAX_SLOWDOWN])
         except ValueError as e:
             raise ValueError(f"kv_connector_extra_config: {MAX_SLOWDOWN}: {e}") from None
     return options

@@ -1,0 +1,150 @@
+"""What each page path costs a model beside it on this device, by page bytes and
+direction: what kvoffload.Pages(max_slowdown=...) chooses by.
+
+At each of PAGE_BYTES it makes a handler per path (DMA, the staging ring) over TENSORS
+tensors of that page, keeps its jobs (JOB_BYTES each, two in flight) beside the
+Llama-shaped layer loop on kvoffload.meter, with bulk copies in the same run, and
+records each path's rate beside the loop and the loop's step slowdown over the bulk
+copies'. Cached beside the raw-pointer calibration (kvoffload.calibration: the same file
+and lock) under the device's key and "pages", and measured again by
+
+    python -m kvoffload.page_calibration --recalibrate [--device N]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import ClassVar
+
+import numpy as np
+
+from kvoffload import calibration
+from kvoffload.calibration import _interpolate, _numbers
+from kvoffload.page_methods import PagePath, name
+from kvoffload.vocabulary import Direction
+
+PAGE_BYTES = [4 << 10, 16 << 10, 64 << 10]
+TENSORS = 32
+JOB_BYTES = 128 << 20
+PATHS = (PagePath.DMA, PagePath.STAGED)
+SUFFIX = " | pages"
+
+
+@dataclasses.dataclass
+class PageCalibration:
+    key: str
+    page_bytes: list[int]
+    # "method direction" (pages_dma store, ...) -> per page size:
+    beside: dict[str, list[float]]  # GB/s beside the loop
+    over_bulk: dict[str, list[float]]  # step slowdown less the bulk copies'
+    noisy: dict[str, list[bool]]  # a window's |idle drift| over kvoffload.meter.NOISE, or uncovered
+    bulk_slowdown: dict[str, float]  # direction -> the bulk copies' step slowdown
+    FORMAT: ClassVar[int] = 1
+
+    def valid(self) -> bool:
+        names = {f"{name(p)} {d.value}" for p in PATHS for d in Direction}
+        n = len(self.page_bytes) if _numbers(self.page_bytes) else -1
+        return (isinstance(self.key, str) and n > 0 and all(b > 0 for b in self.page_bytes)
+                and all(isinstance(t, dict) and set(t) == names for t in (self.beside, self.over_bulk, self.noisy))
+                and all(_numbers(t) and len(t) == n for t in (*self.beside.values(), *self.over_bulk.values()))
+                and all(isinstance(t, list) and len(t) == n and all(isinstance(v, bool) for v in t)
+                        for t in self.noisy.values())
+                and isinstance(self.bulk_slowdown, dict) and set(self.bulk_slowdown) == {d.value for d in Direction}
+                and _numbers(list(self.bulk_slowdown.values())))
+
+    def cost(self, path: PagePath, direction: Direction, page_bytes: float) -> float:
+        """The step slowdown over bulk copies', log-interpolated in page bytes."""
+        return _interpolate(self.page_bytes, self.over_bulk[f"{name(path)} {direction.value}"], page_bytes)
+
+    def rate(self, path: PagePath, direction: Direction, page_bytes: float) -> float:
+        """GB/s beside the loop, log-interpolated in page bytes."""
+        return _interpolate(self.page_bytes, self.beside[f"{name(path)} {direction.value}"], page_bytes)
+
+
+def choose(cal: PageCalibration, direction: Direction, page_bytes: float, max_slowdown: float,
+           batch_copy: bool = True) -> PagePath:
+    """The path fastest beside the loop of those within ``max_slowdown`` over bulk copies;
+    where none is, the one that costs least. Without the driver's batch copy, the ring."""
+    paths = PATHS if batch_copy else (PagePath.STAGED,)
+    within = [p for p in paths if cal.cost(p, direction, page_bytes) <= max_slowdown]
+    if within:
+        return max(within, key=lambda p: cal.rate(p, direction, page_bytes))
+    return min(paths, key=lambda p: cal.cost(p, direction, page_bytes))
+
+
+def _jobs(rng, blocks: int, n: int, count: int) -> list:
+    """``count`` jobs of n distinct random blocks (and as many chunks) out of ``blocks``."""
+    from kvoffload.planner import CPUSpec, GPUSpec
+
+    return [(GPUSpec(rng.permutation(blocks)[:n].astype(np.int64), [n], [0]),
+             CPUSpec(rng.permutation(blocks)[:n].astype(np.int64))) for _ in range(count)]
+
+
+def measure(device: int, job_bytes: int = JOB_BYTES, **windows) -> PageCalibration:
+    """Measures every path at every page size on ``device``: a few minutes.
+    windows: kvoffload.meter.measure's steps, rounds and margin (default: its own)."""
+    import torch
+
+    from kvoffload import compute_loop, meter
+    from kvoffload.handler import OffloadHandler
+    from kvoffload.page_methods import Pages
+    from kvoffload.steady_copies import BulkCopies, HandlerAsWorker, WorkerCopies
+
+    rng = np.random.default_rng(0)
+    where = f"cuda:{device}"
+    handlers, sources = [], {}
+    with torch.cuda.device(device):
+        try:
+            for page in PAGE_BYTES:
+                n = max(1, job_bytes // (TENSORS * page))
+                blocks = 2 * n
+                cache = [torch.empty((blocks, page), dtype=torch.uint8, device=where) for _ in range(TENSORS)]
+                jobs = _jobs(rng, blocks, n, 4)
+                for path in PATHS:
+                    handler = OffloadHandler([cache], blocks, 1, method=Pages(path))
+                    handlers.append(handler)
+                    for d in Direction:
+                        sources[path, d, page] = (lambda w=HandlerAsWorker(handler), d=d:
+                                                  WorkerCopies(w, {d.value: jobs}, d.value))
+            for d in Direction:
+                sources["bulk", d, 0] = lambda d=d: BulkCopies(torch, d.value, job_bytes, device=where)
+            loop = compute_loop.ComputeLoop(torch, "model", where)
+            got = meter.measure(loop, sources, **windows)
+        finally:
+            for handler in handlers:
+                handler.shutdown()
+    bulk = {d.value: got["bulk", d, 0].step_slowdown for d in Direction}
+    beside, over_bulk, noisy = {}, {}, {}
+    for path in PATHS:
+        for d in Direction:
+            results = [got[path, d, page] for page in PAGE_BYTES]
+            key = f"{name(path)} {d.value}"
+            beside[key] = [r.gb_per_s for r in results]
+            over_bulk[key] = [r.step_slowdown - bulk[d.value] for r in results]
+            noisy[key] = [bool(r.noisy or got["bulk", d, 0].noisy) for r in results]
+    return PageCalibration(calibration.device_key(device), list(PAGE_BYTES), beside, over_bulk, noisy, bulk)
+
+
+def page_calibration(device: int | None = None, recalibrate: bool = False) -> PageCalibration:
+    """``device``'s page calibration, cached as kvoffload.calibration.calibration() caches
+    its own: in this process, else from the file, else measured now and saved."""
+    return calibration.cached(device, SUFFIX, PageCalibration, PageCalibration.FORMAT,
+                              lambda d: measure(d), recalibrate)
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv[0] != "--recalibrate" or len(argv) not in (1, 3) or (
+            len(argv) == 3 and argv[1] != "--device"):
+        sys.exit("usage: python -m kvoffload.page_calibration --recalibrate [--device N]")
+    cal = page_calibration(int(argv[2]) if len(argv) == 3 else None, recalibrate=True)
+    print(f"{cal.key}{SUFFIX}: written to {calibration.path()}")
+    print("bulk copies' slowdown: " + ", ".join(f"{d} {s:+.2%}" for d, s in cal.bulk_slowdown.items()))
+    print(f"{'':<20}" + "".join(f"{b >> 10:>8} KiB{'':>9}" for b in cal.page_bytes))
+    for key in cal.beside:
+        print(f"{key:<20}" + "".join(f"{r:6.1f} @ {s:+.2%}{'?' if q else ' '}  "
+                                     for r, s, q in zip(cal.beside[key], cal.over_bulk[key], cal.noisy[key])))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

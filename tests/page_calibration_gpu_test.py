@@ -1,0 +1,43 @@
+"""kvoffload.page_calibration on a GPU: a measurement on short windows, and a handler
+that chooses its paths from a calibration and copies byte for byte."""
+
+import pytest
+import torch
+
+import kvoffload as kv
+from kvoffload import page_calibration, page_methods
+from kvoffload.page_calibration import PAGE_BYTES, PATHS
+from kvoffload.vocabulary import Direction
+from kv_model import store_then_load_skipping_first_blocks
+
+
+@pytest.fixture(autouse=True)
+def require_gpu():
+    assert torch.cuda.is_available(), "GPU tests need a CUDA device"
+
+
+def test_a_measurement_holds_every_path_direction_and_page_size():
+    cal = page_calibration.measure(torch.cuda.current_device(), job_bytes=8 << 20, steps=20, rounds=1,
+                                   margin=6, warm=0)
+    assert cal.valid() and cal.page_bytes == PAGE_BYTES
+    assert set(cal.beside) == {f"{page_methods.name(p)} {d.value}" for p in PATHS for d in Direction}
+    assert all(min(rates) > 0 for rates in cal.beside.values())
+    # A slowdown is a fraction of a step: far under one, whatever the noise of 20 steps.
+    assert all(abs(s) < 0.5 for costs in cal.over_bulk.values() for s in costs)
+    assert set(cal.bulk_slowdown) == {"store", "load"}
+
+
+@pytest.mark.parametrize("page", [512, 1024])
+def test_a_handler_takes_the_calibrations_choice_per_direction_and_copies_exactly(monkeypatch, page):
+    # Stores: DMA within 1%; loads: only the ring is.
+    over_bulk = {"pages_dma store": [0.0] * 3, "pages_staged store": [0.03] * 3,
+                 "pages_dma load": [0.02] * 3, "pages_staged load": [0.005] * 3}
+    cal = page_calibration.PageCalibration(
+        "planted", list(PAGE_BYTES), {k: [10.0] * 3 for k in over_bulk}, over_bulk,
+        {k: [False] * 3 for k in over_bulk}, {"store": 0.0, "load": 0.0})
+    asked = []
+    monkeypatch.setattr(page_calibration, "page_calibration", lambda device: asked.append(device) or cal)
+    method = kv.Pages(max_slowdown=0.01)
+    handler = store_then_load_skipping_first_blocks("cuda", "chunk_major", page, 2, method=method)
+    assert handler.methods == {"store": "pages_dma", "load": "pages_staged"}
+    assert asked == [torch.cuda.current_device()]

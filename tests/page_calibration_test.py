@@ -1,0 +1,149 @@
+"""kvoffload.page_calibration without a GPU: the choice by max_slowdown, and the entry in
+the calibration cache file beside the raw-pointer one; measuring is stood in for."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+import kvoffload as kv
+from kvoffload import calibration, page_calibration, page_methods
+from kvoffload.calibration import CalibrationCacheError
+from kvoffload.page_calibration import PageCalibration
+from kvoffload.planner import GroupLayout, KVLayout, TensorLayout
+from kvoffload.vocabulary import Direction
+
+DMA, STAGED = kv.PagePath.DMA, kv.PagePath.STAGED
+PAGES = [4 << 10, 16 << 10, 64 << 10]
+
+
+def fake(key="fake GPU 0", dma=(0.000, 0.001, 0.002), ring=(0.030, 0.020, 0.010),
+         dma_rate=(12.0, 30.0, 54.0), ring_rate=(47.0, 48.0, 46.0)):
+    """The same figures both ways: DMA gentle and slow at small pages, the ring fast and costly."""
+    beside, over_bulk, noisy = {}, {}, {}
+    for d in Direction:
+        for path, cost, rate in ((DMA, dma, dma_rate), (STAGED, ring, ring_rate)):
+            key_ = f"{page_methods.name(path)} {d.value}"
+            beside[key_], over_bulk[key_], noisy[key_] = list(rate), list(cost), [False] * 3
+    return PageCalibration(key, list(PAGES), beside, over_bulk, noisy, {"store": 0.004, "load": 0.006})
+
+
+def layout(page, tensors=4):
+    gpu, cpu = 1 << 40, 1 << 30
+    group = GroupLayout(tuple(TensorLayout(gpu + i * 64 * page, page, page, cpu + i * 64 * page, page)
+                              for i in range(tensors)), 64, 64)
+    return KVLayout((group,), 1)
+
+
+@pytest.mark.parametrize("direction", list(Direction))
+@pytest.mark.parametrize("max_slowdown, page, path", [
+    (0.05, 4 << 10, STAGED),   # both within: the faster beside
+    (0.01, 4 << 10, DMA),      # the ring costs 3%: DMA, though slower
+    (0.01, 64 << 10, DMA),     # both within at 64 KiB: DMA moves more
+    (0.015, 16 << 10, DMA),    # the ring's 2% at 16 KiB is over
+    (0.025, 16 << 10, STAGED),
+    (0.026, 8 << 10, STAGED),  # log-interpolated: the ring costs 2.5% at 8 KiB
+    (0.024, 8 << 10, DMA),
+])
+def test_the_fastest_path_within_max_slowdown_wins(direction, max_slowdown, page, path):
+    cal = fake()
+    assert page_calibration.choose(cal, direction, page, max_slowdown) == path
+    assert page_methods.choose(kv.Pages(max_slowdown=max_slowdown), layout(page), cal=cal)[direction] == path
+
+
+def test_costs_and_rates_are_log_interpolated_and_held_at_the_ends():
+    cal = fake()
+    assert cal.cost(STAGED, Direction.LOAD, 8 << 10) == pytest.approx(0.025)
+    assert cal.rate(DMA, Direction.STORE, 32 << 10) == pytest.approx(42.0)
+    assert cal.cost(STAGED, Direction.STORE, 512) == pytest.approx(0.030)
+    assert cal.rate(DMA, Direction.LOAD, 1 << 30) == pytest.approx(54.0)
+
+
+def test_where_none_is_within_the_gentlest_wins_and_without_batch_copy_the_ring():
+    cal = fake(dma=(0.02, 0.02, 0.02), ring=(0.03, 0.01, 0.03))
+    assert page_calibration.choose(cal, Direction.STORE, 4 << 10, 0.001) == DMA
+    assert page_calibration.choose(cal, Direction.STORE, 16 << 10, 0.001) == STAGED
+    assert page_calibration.choose(cal, Direction.LOAD, 64 << 10, 1.0, batch_copy=False) == STAGED
+
+
+def test_each_direction_chooses_from_its_own_figures():
+    cal = fake()
+    cal.over_bulk["pages_staged load"] = [0.0, 0.0, 0.0]
+    assert page_methods.choose(kv.Pages(max_slowdown=0.01), layout(4 << 10), cal=cal) == {
+        Direction.STORE: DMA, Direction.LOAD: STAGED}
+
+
+def test_a_max_slowdown_is_checked_and_needs_a_calibration():
+    with pytest.raises(ValueError, match="max_slowdown: chooses a path, and path 'pages_dma' is forced"):
+        kv.Pages(DMA, max_slowdown=0.01)
+    for bad in (-0.01, True, "0.01", float("nan")):
+        with pytest.raises(ValueError, match="max_slowdown: must be a number >= 0 or None"):
+            kv.Pages(max_slowdown=bad)
+    with pytest.raises(ValueError, match="cal: a page method with a max_slowdown chooses from a page calibration"):
+        page_methods.choose(kv.Pages(max_slowdown=0.01), layout(4096))
+    # The built-in choice and forced paths need none.
+    assert page_methods.choose(kv.Pages(), layout(64 << 10)) == {d: DMA for d in Direction}
+    assert kv.Pages(max_slowdown=0.01).name == "pages"
+
+
+@pytest.fixture
+def machine(tmp_path, monkeypatch):
+    measured = []
+    monkeypatch.setenv("KVOFFLOAD_CALIBRATION", str(tmp_path / "calibration.json"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(calibration, "device_key", lambda d: f"fake GPU {d}")
+    monkeypatch.setattr(page_calibration, "measure", lambda d: measured.append(d) or fake(f"fake GPU {d}"))
+    monkeypatch.setattr(calibration, "_cached", {})
+    return tmp_path / "calibration.json", measured
+
+
+def test_measured_once_then_read_back_beside_the_raw_pointer_entry(machine, monkeypatch):
+    file, measured = machine
+    file.write_text(json.dumps({"fake GPU 0": {"format": calibration.FORMAT, "other": "kept"}}))
+    first = page_calibration.page_calibration()
+    assert page_calibration.page_calibration() is first and measured == [0]
+    entries = json.loads(file.read_text())
+    assert entries["fake GPU 0"] == {"format": calibration.FORMAT, "other": "kept"}
+    assert entries["fake GPU 0 | pages"]["format"] == PageCalibration.FORMAT
+    monkeypatch.setattr(calibration, "_cached", {})
+    assert page_calibration.page_calibration(0) == first and measured == [0]
+    page_calibration.page_calibration(0, recalibrate=True)
+    assert measured == [0, 0]
+
+
+def test_an_entry_of_another_format_is_measured_again(machine):
+    file, measured = machine
+    file.write_text(json.dumps({"fake GPU 0 | pages": dict(dataclasses.asdict(fake()), format=0)}))
+    page_calibration.page_calibration(0)
+    assert measured == [0]
+
+
+@pytest.mark.parametrize("spoil, why", [
+    (lambda e: e["over_bulk"].pop("pages_dma load"), "does not hold a calibration"),
+    (lambda e: e["beside"]["pages_dma load"].append(1.0), "does not hold a calibration"),
+    (lambda e: e["noisy"]["pages_dma load"].__setitem__(0, 1), "does not hold a calibration"),
+    (lambda e: e["bulk_slowdown"].pop("load"), "does not hold a calibration"),
+    (lambda e: e.__setitem__("page_bytes", [4096, 0, 65536]), "does not hold a calibration"),
+    (lambda e: e.__setitem__("page_bytes", []), "does not hold a calibration"),
+    (lambda e: e.__setitem__("surprise", 1), "unexpected keyword argument 'surprise'"),
+])
+def test_a_corrupt_entry_is_named_and_not_measured_over(machine, spoil, why):
+    file, measured = machine
+    entry = dict(dataclasses.asdict(fake()), format=PageCalibration.FORMAT)
+    spoil(entry)
+    file.write_text(json.dumps({"fake GPU 0 | pages": entry}))
+    with pytest.raises(CalibrationCacheError, match=f"{file}: corrupt calibration cache .*{why}"):
+        page_calibration.page_calibration(0)
+    assert measured == []
+
+
+def test_a_cpu_handler_with_a_max_slowdown_copies_without_a_calibration(machine):
+    _, measured = machine
+    gpu = [[torch.randint(0, 255, (8, 64), dtype=torch.uint8) for _ in range(2)]]
+    handler = kv.OffloadHandler(gpu, 4, 2, method=kv.Pages(max_slowdown=0.01))
+    try:
+        assert handler.methods == {"store": "host", "load": "host"} and measured == []
+    finally:
+        handler.shutdown()
