@@ -21,7 +21,7 @@ def test_a_measurement_holds_every_path_direction_and_page_size():
                                    margin=6, warm=0)
     assert cal.valid() and cal.page_bytes == PAGE_BYTES
     assert set(cal.beside) == {f"{page_methods.name(p)} {d.value}" for p in PATHS for d in Direction}
-    assert all(min(rates) > 0 for rates in cal.beside.values())
+    assert all(min(rates) > 0 for rates in (*cal.alone.values(), *cal.beside.values()))
     # A slowdown is a fraction of a step: far under one, whatever the noise of 20 steps.
     assert all(abs(s) < 0.5 for costs in cal.over_bulk.values() for s in costs)
     assert set(cal.bulk_slowdown) == {"store", "load"}
@@ -33,7 +33,7 @@ def test_a_handler_takes_the_calibrations_choice_per_direction_and_copies_exactl
     over_bulk = {"pages_dma store": [0.0] * 3, "pages_staged store": [0.03] * 3,
                  "pages_dma load": [0.02] * 3, "pages_staged load": [0.005] * 3}
     cal = page_calibration.PageCalibration(
-        "planted", list(PAGE_BYTES), {k: [10.0] * 3 for k in over_bulk}, over_bulk,
+        "planted", list(PAGE_BYTES), {k: [10.0] * 3 for k in over_bulk}, {k: [10.0] * 3 for k in over_bulk}, over_bulk,
         {k: [False] * 3 for k in over_bulk}, {"store": 0.0, "load": 0.0})
     asked = []
     monkeypatch.setattr(page_calibration, "page_calibration", lambda device: asked.append(device) or cal)

@@ -21,12 +21,12 @@ PAGES = [4 << 10, 16 << 10, 64 << 10]
 def fake(key="fake GPU 0", dma=(0.000, 0.001, 0.002), ring=(0.030, 0.020, 0.010),
          dma_rate=(12.0, 30.0, 54.0), ring_rate=(47.0, 48.0, 46.0)):
     """The same figures both ways: DMA gentle and slow at small pages, the ring fast and costly."""
-    beside, over_bulk, noisy = {}, {}, {}
+    alone, beside, over_bulk, noisy = {}, {}, {}, {}
     for d in Direction:
         for path, cost, rate in ((DMA, dma, dma_rate), (STAGED, ring, ring_rate)):
             key_ = f"{page_methods.name(path)} {d.value}"
-            beside[key_], over_bulk[key_], noisy[key_] = list(rate), list(cost), [False] * 3
-    return PageCalibration(key, list(PAGES), beside, over_bulk, noisy, {"store": 0.004, "load": 0.006})
+            alone[key_], beside[key_], over_bulk[key_], noisy[key_] = [r + 1 for r in rate], list(rate), list(cost), [False] * 3
+    return PageCalibration(key, list(PAGES), alone, beside, over_bulk, noisy, {"store": 0.004, "load": 0.006})
 
 
 def layout(page, tensors=4):
@@ -123,6 +123,7 @@ def test_an_entry_of_another_format_is_measured_again(machine):
 @pytest.mark.parametrize("spoil, why", [
     (lambda e: e["over_bulk"].pop("pages_dma load"), "does not hold a calibration"),
     (lambda e: e["beside"]["pages_dma load"].append(1.0), "does not hold a calibration"),
+    (lambda e: e["alone"]["pages_staged store"].__setitem__(1, "fast"), "does not hold a calibration"),
     (lambda e: e["noisy"]["pages_dma load"].__setitem__(0, 1), "does not hold a calibration"),
     (lambda e: e["bulk_slowdown"].pop("load"), "does not hold a calibration"),
     (lambda e: e.__setitem__("page_bytes", [4096, 0, 65536]), "does not hold a calibration"),
@@ -147,3 +148,26 @@ def test_a_cpu_handler_with_a_max_slowdown_copies_without_a_calibration(machine)
         assert handler.methods == {"store": "host", "load": "host"} and measured == []
     finally:
         handler.shutdown()
+
+
+def test_the_calibrations_jobs_share_no_block_and_no_chunk():
+    import numpy as np
+    jobs = page_calibration._jobs(np.random.default_rng(1), 100, page_calibration.JOBS)
+    blocks = np.concatenate([gpu.block_ids for gpu, _ in jobs])
+    chunks = np.concatenate([cpu.chunk_ids for _, cpu in jobs])
+    assert len(jobs) == page_calibration.JOBS and all(tuple(gpu.group_sizes) == (100,) for gpu, _ in jobs)
+    assert sorted(blocks.tolist()) == sorted(chunks.tolist()) == list(range(100 * page_calibration.JOBS))
+
+
+def test_each_sources_jobs_are_of_its_own_page_size():
+    job_bytes = 4 << 20
+    handlers, sources = page_calibration.page_sources(torch, "cpu", job_bytes)
+    try:
+        assert len(handlers) == len(PAGES) * 2 and len(sources) == len(PAGES) * 2 * 2
+        for (path, direction, page), make in sources.items():
+            copies = make()
+            copies.top_up()  # two jobs in flight
+            assert copies.drain() == 2 * job_bytes, (path, direction, page)
+    finally:
+        for handler in handlers:
+            handler.shutdown()

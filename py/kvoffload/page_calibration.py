@@ -2,7 +2,7 @@
 direction: what kvoffload.Pages(max_slowdown=...) chooses by.
 
 At each of PAGE_BYTES it makes a handler per path (DMA, the staging ring) over TENSORS
-tensors of that page, keeps its jobs (JOB_BYTES each, two in flight) beside the
+tensors of that page, keeps its jobs (JOB_BYTES each, disjoint, two in flight) beside the
 Llama-shaped layer loop on kvoffload.meter, with bulk copies in the same run, and
 records each path's rate beside the loop and the loop's step slowdown over the bulk
 copies'. Cached beside the raw-pointer calibration (kvoffload.calibration: the same file
@@ -27,6 +27,7 @@ from kvoffload.vocabulary import Direction
 PAGE_BYTES = [4 << 10, 16 << 10, 64 << 10]
 TENSORS = 32
 JOB_BYTES = 128 << 20
+JOBS = 4  # taken in turn, two in flight
 PATHS = (PagePath.DMA, PagePath.STAGED)
 SUFFIX = " | pages"
 
@@ -36,18 +37,20 @@ class PageCalibration:
     key: str
     page_bytes: list[int]
     # "method direction" (pages_dma store, ...) -> per page size:
+    alone: dict[str, list[float]]  # GB/s with nothing beside
     beside: dict[str, list[float]]  # GB/s beside the loop
     over_bulk: dict[str, list[float]]  # step slowdown less the bulk copies'
     noisy: dict[str, list[bool]]  # a window's |idle drift| over kvoffload.meter.NOISE, or uncovered
     bulk_slowdown: dict[str, float]  # direction -> the bulk copies' step slowdown
-    FORMAT: ClassVar[int] = 1
+    FORMAT: ClassVar[int] = 2
 
     def valid(self) -> bool:
         names = {f"{name(p)} {d.value}" for p in PATHS for d in Direction}
         n = len(self.page_bytes) if _numbers(self.page_bytes) else -1
         return (isinstance(self.key, str) and n > 0 and all(b > 0 for b in self.page_bytes)
-                and all(isinstance(t, dict) and set(t) == names for t in (self.beside, self.over_bulk, self.noisy))
-                and all(_numbers(t) and len(t) == n for t in (*self.beside.values(), *self.over_bulk.values()))
+                and all(isinstance(t, dict) and set(t) == names for t in (self.alone, self.beside, self.over_bulk, self.noisy))
+                and all(_numbers(t) and len(t) == n
+                        for t in (*self.alone.values(), *self.beside.values(), *self.over_bulk.values()))
                 and all(isinstance(t, list) and len(t) == n and all(isinstance(v, bool) for v in t)
                         for t in self.noisy.values())
                 and isinstance(self.bulk_slowdown, dict) and set(self.bulk_slowdown) == {d.value for d in Direction}
@@ -73,12 +76,44 @@ def choose(cal: PageCalibration, direction: Direction, page_bytes: float, max_sl
     return min(paths, key=lambda p: cal.cost(p, direction, page_bytes))
 
 
-def _jobs(rng, blocks: int, n: int, count: int) -> list:
-    """``count`` jobs of n distinct random blocks (and as many chunks) out of ``blocks``."""
+def _jobs(rng, n: int, count: int) -> list:
+    """``count`` jobs of n random blocks to n random chunks, out of count * n of each. No
+    two share a block or a chunk: a job that conflicts with the one before waits for it,
+    and the ring's stages would not overlap."""
     from kvoffload.planner import CPUSpec, GPUSpec
 
-    return [(GPUSpec(rng.permutation(blocks)[:n].astype(np.int64), [n], [0]),
-             CPUSpec(rng.permutation(blocks)[:n].astype(np.int64))) for _ in range(count)]
+    blocks = rng.permutation(count * n).astype(np.int64).reshape(count, n)
+    chunks = rng.permutation(count * n).astype(np.int64).reshape(count, n)
+    return [(GPUSpec(b, [n], [0]), CPUSpec(c)) for b, c in zip(blocks, chunks)]
+
+
+def page_sources(torch, where: str, job_bytes: int = JOB_BYTES) -> tuple[list, dict]:
+    """(handlers, sources): per page size of PAGE_BYTES, one cache of TENSORS tensors and a
+    handler per path on it; sources[path, direction, page] makes the Copies that keep that
+    handler's jobs in flight. The caller shuts the handlers down."""
+    from kvoffload.handler import OffloadHandler
+    from kvoffload.page_methods import Pages
+    from kvoffload.steady_copies import HandlerAsWorker, WorkerCopies
+
+    rng = np.random.default_rng(0)
+    handlers, sources = [], {}
+    try:
+        for page in PAGE_BYTES:
+            n = max(1, job_bytes // (TENSORS * page))
+            jobs = _jobs(rng, n, JOBS)
+            blocks = JOBS * n
+            cache = [torch.empty((blocks, page), dtype=torch.uint8, device=where) for _ in range(TENSORS)]
+            for path in PATHS:
+                handler = OffloadHandler([cache], blocks, 1, method=Pages(path))
+                handlers.append(handler)
+                for d in Direction:
+                    sources[path, d, page] = (lambda w=HandlerAsWorker(handler), d=d, jobs=jobs:
+                                              WorkerCopies(w, {d.value: jobs}, d.value))
+    except BaseException:
+        for handler in handlers:
+            handler.shutdown()
+        raise
+    return handlers, sources
 
 
 def measure(device: int, job_bytes: int = JOB_BYTES, **windows) -> PageCalibration:
@@ -87,43 +122,33 @@ def measure(device: int, job_bytes: int = JOB_BYTES, **windows) -> PageCalibrati
     import torch
 
     from kvoffload import compute_loop, meter
-    from kvoffload.handler import OffloadHandler
-    from kvoffload.page_methods import Pages
-    from kvoffload.steady_copies import BulkCopies, HandlerAsWorker, WorkerCopies
+    from kvoffload.steady_copies import BulkCopies
 
-    rng = np.random.default_rng(0)
     where = f"cuda:{device}"
-    handlers, sources = [], {}
     with torch.cuda.device(device):
+        handlers, sources = page_sources(torch, where, job_bytes)
         try:
-            for page in PAGE_BYTES:
-                n = max(1, job_bytes // (TENSORS * page))
-                blocks = 2 * n
-                cache = [torch.empty((blocks, page), dtype=torch.uint8, device=where) for _ in range(TENSORS)]
-                jobs = _jobs(rng, blocks, n, 4)
-                for path in PATHS:
-                    handler = OffloadHandler([cache], blocks, 1, method=Pages(path))
-                    handlers.append(handler)
-                    for d in Direction:
-                        sources[path, d, page] = (lambda w=HandlerAsWorker(handler), d=d:
-                                                  WorkerCopies(w, {d.value: jobs}, d.value))
-            for d in Direction:
-                sources["bulk", d, 0] = lambda d=d: BulkCopies(torch, d.value, job_bytes, device=where)
+            for d in Direction:  # made once: its pinned buffers are not allocated inside a window
+                bulk = BulkCopies(torch, d.value, job_bytes, device=where)
+                sources["bulk", d, 0] = lambda bulk=bulk: bulk
+            # Alone first: a handler's first jobs load its kernels and make its rings.
+            rates = {key: meter.alone(make(), seconds=0.3, warm_seconds=0.2) for key, make in sources.items()}
             loop = compute_loop.ComputeLoop(torch, "model", where)
             got = meter.measure(loop, sources, **windows)
         finally:
             for handler in handlers:
                 handler.shutdown()
     bulk = {d.value: got["bulk", d, 0].step_slowdown for d in Direction}
-    beside, over_bulk, noisy = {}, {}, {}
+    alone, beside, over_bulk, noisy = {}, {}, {}, {}
     for path in PATHS:
         for d in Direction:
             results = [got[path, d, page] for page in PAGE_BYTES]
             key = f"{name(path)} {d.value}"
+            alone[key] = [rates[path, d, page] for page in PAGE_BYTES]
             beside[key] = [r.gb_per_s for r in results]
             over_bulk[key] = [r.step_slowdown - bulk[d.value] for r in results]
             noisy[key] = [bool(r.noisy or got["bulk", d, 0].noisy) for r in results]
-    return PageCalibration(calibration.device_key(device), list(PAGE_BYTES), beside, over_bulk, noisy, bulk)
+    return PageCalibration(calibration.device_key(device), list(PAGE_BYTES), alone, beside, over_bulk, noisy, bulk)
 
 
 def page_calibration(device: int | None = None, recalibrate: bool = False) -> PageCalibration:
@@ -140,10 +165,11 @@ def main(argv: list[str]) -> None:
     cal = page_calibration(int(argv[2]) if len(argv) == 3 else None, recalibrate=True)
     print(f"{cal.key}{SUFFIX}: written to {calibration.path()}")
     print("bulk copies' slowdown: " + ", ".join(f"{d} {s:+.2%}" for d, s in cal.bulk_slowdown.items()))
-    print(f"{'':<20}" + "".join(f"{b >> 10:>8} KiB{'':>9}" for b in cal.page_bytes))
+    print(f"{'':<20}" + "".join(f"{b >> 10:>10} KiB{'':>15}" for b in cal.page_bytes))
+    print("GB/s alone / beside @ step slowdown over bulk copies' (? where noisy)")
     for key in cal.beside:
-        print(f"{key:<20}" + "".join(f"{r:6.1f} @ {s:+.2%}{'?' if q else ' '}  "
-                                     for r, s, q in zip(cal.beside[key], cal.over_bulk[key], cal.noisy[key])))
+        print(f"{key:<20}" + "".join(f"{a:5.1f} / {r:5.1f} @ {s:+.2%}{'?' if q else ' '}  " for a, r, s, q in
+                                     zip(cal.alone[key], cal.beside[key], cal.over_bulk[key], cal.noisy[key])))
 
 
 if __name__ == "__main__":
