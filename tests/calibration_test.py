@@ -15,6 +15,7 @@ import torch
 
 import kvoffload as kv
 from kvoffload import calibration
+from fake_device import fake_device
 from hostile import as_another_user
 from kvoffload.calibration import Calibration, CalibrationCacheError
 
@@ -28,14 +29,7 @@ def fake(key):
 @pytest.fixture
 def machine(tmp_path, monkeypatch):
     """One fake GPU per device index; measuring counts its calls."""
-    measured = []
-    monkeypatch.setenv("KVOFFLOAD_CALIBRATION", str(tmp_path / "calibration.json"))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(calibration, "device_key", lambda d: f"fake GPU {d}")
-    monkeypatch.setattr(calibration, "measure", lambda d: measured.append(d) or fake(f"fake GPU {d}"))
-    monkeypatch.setattr(calibration, "_cached", {})
-    return tmp_path / "calibration.json", measured
+    return fake_device(tmp_path, monkeypatch, calibration, fake)
 
 
 def test_measured_once_per_device_then_cached_and_read_back(machine, monkeypatch):

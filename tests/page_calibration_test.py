@@ -13,6 +13,7 @@ from kvoffload.calibration import CalibrationCacheError
 from kvoffload.page_calibration import PageCalibration
 from kvoffload.planner import GroupLayout, KVLayout, TensorLayout
 from kvoffload.vocabulary import Direction
+from fake_device import fake_device
 
 DMA, STAGED = kv.PagePath.DMA, kv.PagePath.STAGED
 PAGES = [4 << 10, 16 << 10, 64 << 10]
@@ -89,14 +90,7 @@ def test_a_max_slowdown_is_checked_and_needs_a_calibration():
 
 @pytest.fixture
 def machine(tmp_path, monkeypatch):
-    measured = []
-    monkeypatch.setenv("KVOFFLOAD_CALIBRATION", str(tmp_path / "calibration.json"))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(calibration, "device_key", lambda d: f"fake GPU {d}")
-    monkeypatch.setattr(page_calibration, "measure", lambda d: measured.append(d) or fake(f"fake GPU {d}"))
-    monkeypatch.setattr(calibration, "_cached", {})
-    return tmp_path / "calibration.json", measured
+    return fake_device(tmp_path, monkeypatch, page_calibration, fake)
 
 
 def test_measured_once_then_read_back_beside_the_raw_pointer_entry(machine, monkeypatch):
@@ -171,3 +165,14 @@ def test_each_sources_jobs_are_of_its_own_page_size():
     finally:
         for handler in handlers:
             handler.shutdown()
+
+
+def test_the_command_line_recalibrates_and_prints_every_path(machine, capsys):
+    _, measured = machine
+    for bad in ([], ["--recalibrate", "--device"], ["--recalibrate", "--device", "one"]):
+        with pytest.raises(SystemExit, match="usage: python -m kvoffload.page_calibration --recalibrate"):
+            page_calibration.main(bad)
+    page_calibration.main(["--recalibrate", "--device", "1"])
+    out = capsys.readouterr().out
+    assert measured == [1] and "fake GPU 1 | pages: written to" in out
+    assert all(f"{page_methods.name(p)} {d.value}" in out for p in page_calibration.PATHS for d in Direction)

@@ -342,11 +342,17 @@ def cached(device: int | None, suffix: str, kind, format: int, measure_on, recal
         return cal
 
 
-def main(argv: list[str]) -> None:
+def recalibrate_device(argv: list[str], module: str) -> int | None:
+    """The device of ``--recalibrate [--device N]`` (None: the current one); exits with
+    the usage of ``python -m module`` on anything else."""
     if not argv or argv[0] != "--recalibrate" or len(argv) not in (1, 3) or (
-            len(argv) == 3 and argv[1] != "--device"):
-        sys.exit("usage: python -m kvoffload.calibration --recalibrate [--device N]")
-    cal = calibration(int(argv[2]) if len(argv) == 3 else None, recalibrate=True)
+            len(argv) == 3 and (argv[1] != "--device" or not argv[2].isdigit())):
+        sys.exit(f"usage: python -m {module} --recalibrate [--device N]")
+    return int(argv[2]) if len(argv) == 3 else None
+
+
+def main(argv: list[str]) -> None:
+    cal = calibration(recalibrate_device(argv, "kvoffload.calibration"), recalibrate=True)
     print(f"{cal.key}: written to {path()}")
     for name, table in cal.rates.items():
         print(f"{name:<31}" + " ".join(f"{r:6.1f}" for r in table))

@@ -159,10 +159,7 @@ def page_calibration(device: int | None = None, recalibrate: bool = False) -> Pa
 
 
 def main(argv: list[str]) -> None:
-    if not argv or argv[0] != "--recalibrate" or len(argv) not in (1, 3) or (
-            len(argv) == 3 and argv[1] != "--device"):
-        sys.exit("usage: python -m kvoffload.page_calibration --recalibrate [--device N]")
-    cal = page_calibration(int(argv[2]) if len(argv) == 3 else None, recalibrate=True)
+    cal = page_calibration(calibration.recalibrate_device(argv, "kvoffload.page_calibration"), recalibrate=True)
     print(f"{cal.key}{SUFFIX}: written to {calibration.path()}")
     print("bulk copies' slowdown: " + ", ".join(f"{d} {s:+.2%}" for d, s in cal.bulk_slowdown.items()))
     print(f"{'':<20}" + "".join(f"{b >> 10:>10} KiB{'':>15}" for b in cal.page_bytes))

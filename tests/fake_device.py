@@ -1,0 +1,18 @@
+"""A calibration cache on a machine without a GPU: torch says there is one, devices are
+keyed "fake GPU N", and measuring is stood in for."""
+
+import torch
+
+from kvoffload import calibration
+
+
+def fake_device(tmp_path, monkeypatch, module, make):
+    """(cache file, devices measured): ``module.measure(d)`` records d and returns make(key)."""
+    measured = []
+    monkeypatch.setenv("KVOFFLOAD_CALIBRATION", str(tmp_path / "calibration.json"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(calibration, "device_key", lambda d: f"fake GPU {d}")
+    monkeypatch.setattr(module, "measure", lambda d: measured.append(d) or make(f"fake GPU {d}"))
+    monkeypatch.setattr(calibration, "_cached", {})
+    return tmp_path / "calibration.json", measured
