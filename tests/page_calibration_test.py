@@ -61,6 +61,23 @@ def test_costs_and_rates_are_log_interpolated_and_held_at_the_ends():
     assert cal.rate(DMA, Direction.LOAD, 1 << 30) == pytest.approx(54.0)
 
 
+def test_a_noisy_figure_is_found_where_the_choice_reads_it():
+    cal = fake()
+    cal.noisy["pages_staged load"][1] = True  # 16 KiB
+    assert not cal.noisy_at(Direction.STORE, 16 << 10)
+    assert cal.noisy_at(Direction.LOAD, 8 << 10) and cal.noisy_at(Direction.LOAD, 16 << 10)
+    assert cal.noisy_at(Direction.LOAD, 32 << 10)
+    assert not cal.noisy_at(Direction.LOAD, 4 << 10) and not cal.noisy_at(Direction.LOAD, 1 << 30)
+
+
+def test_without_a_gpu_a_page_calibration_names_what_needs_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(kv.NoCudaDeviceError, match=r"Pages\(max_slowdown\): no CUDA device"):
+        page_calibration.page_calibration()
+    with pytest.raises(kv.NoCudaDeviceError, match="method='auto': no CUDA device"):
+        calibration.calibration()
+
+
 def test_where_none_is_within_the_gentlest_wins_and_without_batch_copy_the_ring():
     cal = fake(dma=(0.02, 0.02, 0.02), ring=(0.03, 0.01, 0.03))
     assert page_calibration.choose(cal, Direction.STORE, 4 << 10, 0.001) == DMA
@@ -122,6 +139,14 @@ def test_an_entry_of_another_format_is_measured_again(machine):
     (lambda e: e["bulk_slowdown"].pop("load"), "does not hold a calibration"),
     (lambda e: e.__setitem__("page_bytes", [4096, 0, 65536]), "does not hold a calibration"),
     (lambda e: e.__setitem__("page_bytes", []), "does not hold a calibration"),
+    (lambda e: e.__setitem__("page_bytes", [65536, 4096, 16384]), "does not hold a calibration"),
+    (lambda e: e.__setitem__("page_bytes", [4096, 4096, 16384]), "does not hold a calibration"),
+    (lambda e: e.__setitem__("page_bytes", [4096, 16384.5, 65536]), "does not hold a calibration"),
+    (lambda e: e.__setitem__("page_bytes", [4096, 16384, 10 ** 400]), "does not hold a calibration"),
+    (lambda e: e["over_bulk"]["pages_staged load"].__setitem__(0, float("nan")), "does not hold a calibration"),
+    (lambda e: e["beside"]["pages_dma store"].__setitem__(2, float("inf")), "does not hold a calibration"),
+    (lambda e: e["beside"]["pages_dma store"].__setitem__(2, -1.0), "does not hold a calibration"),
+    (lambda e: e["bulk_slowdown"].__setitem__("store", float("nan")), "does not hold a calibration"),
     (lambda e: e.__setitem__("surprise", 1), "unexpected keyword argument 'surprise'"),
 ])
 def test_a_corrupt_entry_is_named_and_not_measured_over(machine, spoil, why):
@@ -129,9 +154,12 @@ def test_a_corrupt_entry_is_named_and_not_measured_over(machine, spoil, why):
     entry = dict(dataclasses.asdict(fake()), format=PageCalibration.FORMAT)
     spoil(entry)
     file.write_text(json.dumps({"fake GPU 0 | pages": entry}))
-    with pytest.raises(CalibrationCacheError, match=f"{file}: corrupt calibration cache .*{why}"):
+    with pytest.raises(CalibrationCacheError, match=f"{file}: corrupt calibration cache .*{why}.*; replace it "
+                                                    "with python -m kvoffload.page_calibration --recalibrate"):
         page_calibration.page_calibration(0)
     assert measured == []
+    page_calibration.page_calibration(0, recalibrate=True)  # what the message says mends it
+    assert measured == [0] and page_calibration.page_calibration(0).valid()
 
 
 def test_a_cpu_handler_with_a_max_slowdown_copies_without_a_calibration(machine):
@@ -169,7 +197,8 @@ def test_each_sources_jobs_are_of_its_own_page_size():
 
 def test_the_command_line_recalibrates_and_prints_every_path(machine, capsys):
     _, measured = machine
-    for bad in ([], ["--recalibrate", "--device"], ["--recalibrate", "--device", "one"]):
+    for bad in ([], ["--recalibrate", "--device"], ["--recalibrate", "--device", "one"],
+                ["--recalibrate", "--device", "\u00b2"]):
         with pytest.raises(SystemExit, match="usage: python -m kvoffload.page_calibration --recalibrate"):
             page_calibration.main(bad)
     page_calibration.main(["--recalibrate", "--device", "1"])

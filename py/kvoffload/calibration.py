@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import ClassVar
 
 import numpy as np
 
@@ -76,6 +77,9 @@ class Calibration:
     # nothing was measured: the copies did not cover their windows, or their host
     # enqueueing outlasted the steps enqueued ahead of them (the loop ran dry beside them).
     slowdown: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
+    FORMAT: ClassVar[int] = FORMAT
+    MODULE: ClassVar[str] = "kvoffload.calibration"  # whose --recalibrate measures it
+    NEEDED_BY: ClassVar[str] = "method='auto'"
 
     # Keys spell a direction "h2d" or "d2h" (_KEY), in the cache file too.
     def rate(self, method: str, direction: Direction | str, pattern: str, copy_bytes: float) -> float:
@@ -245,52 +249,61 @@ def _file_lock(file: pathlib.Path):
         os.close(fd)
 
 
-def _corrupt(file: pathlib.Path, why: str) -> CalibrationCacheError:
+def _corrupt(file: pathlib.Path, why: str, module: str = "kvoffload.calibration") -> CalibrationCacheError:
     return CalibrationCacheError(f"{file}: corrupt calibration cache ({why}); replace it with "
-                                 "python -m kvoffload.calibration --recalibrate, or remove it")
+                                 f"python -m {module} --recalibrate, or remove it")
 
 
-def _read(file: pathlib.Path) -> dict:
-    """The file's entries ({} if there is no file); CalibrationCacheError if it is not a
-    JSON object."""
+def _read(file: pathlib.Path, module: str = "kvoffload.calibration") -> dict:
+    """The file's entries ({} if there is no file); CalibrationCacheError (whose advice is
+    ``module``'s --recalibrate) if it is not a JSON object."""
     try:
         text = file.read_bytes().decode("utf-8")
     except FileNotFoundError:
         return {}
     except UnicodeDecodeError as e:
-        raise _corrupt(file, f"not UTF-8: {e}") from None
+        raise _corrupt(file, f"not UTF-8: {e}", module) from None
     try:
         entries = json.loads(text)
     except json.JSONDecodeError as e:
-        raise _corrupt(file, "empty" if not text.strip() else f"not JSON: {e}") from None
+        raise _corrupt(file, "empty" if not text.strip() else f"not JSON: {e}", module) from None
     if not isinstance(entries, dict):
-        raise _corrupt(file, f"expected a JSON object, got {type(entries).__name__}")
+        raise _corrupt(file, f"expected a JSON object, got {type(entries).__name__}", module)
     return entries
 
 
+def _finite(v) -> bool:
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
 def _numbers(value, none=False) -> bool:
+    """A list of finite numbers (and of Nones, with ``none``)."""
     return isinstance(value, list) and all(
-        (v is None and none) or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in value)
+        (v is None and none) or (isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v))
+        for v in value)
 
 
-def _entry(file: pathlib.Path, key: str, entry, kind, format: int):
-    """The ``kind`` (a dataclass with a valid() method) an entry holds; None where there
-    is none or it is of another format (measured again); CalibrationCacheError where it
-    is not one."""
+def _entry(file: pathlib.Path, key: str, entry, kind):
+    """The ``kind`` (a dataclass with FORMAT, MODULE and valid()) an entry holds; None
+    where there is none or it is of another format (measured again);
+    CalibrationCacheError where it is not one."""
     if entry is None:
         return None
     if not isinstance(entry, dict):
-        raise _corrupt(file, f"the entry of {key!r} is a {type(entry).__name__}, not an object")
-    if entry.get("format") != format:
+        raise _corrupt(file, f"the entry of {key!r} is a {type(entry).__name__}, not an object", kind.MODULE)
+    if entry.get("format") != kind.FORMAT:
         return None
     fields = dict(entry)
     fields.pop("format")
     try:
         cal = kind(**fields)
     except TypeError as e:
-        raise _corrupt(file, f"the entry of {key!r}: {e}") from None
+        raise _corrupt(file, f"the entry of {key!r}: {e}", kind.MODULE) from None
     if not cal.valid():
-        raise _corrupt(file, f"the entry of {key!r} does not hold a calibration")
+        raise _corrupt(file, f"the entry of {key!r} does not hold a calibration", kind.MODULE)
     return cal
 
 
@@ -307,36 +320,36 @@ def calibration(device: int | None = None, recalibrate: bool = False) -> Calibra
     else from the file, else measured on that device and saved. Reading takes no lock
     (the file is replaced whole), so a read-only cache serves; measuring takes it.
     ``recalibrate`` measures again and replaces a file that cannot be read."""
-    return cached(device, "", Calibration, FORMAT, lambda d: measure(d), recalibrate)
+    return cached(device, "", Calibration, lambda d: measure(d), recalibrate)
 
 
-def cached(device: int | None, suffix: str, kind, format: int, measure_on, recalibrate: bool):
-    """The entry under ``device``'s key and ``suffix`` of the cache file, of ``kind`` in
-    ``format``, or ``measure_on(device)`` saved there (see calibration())."""
+def cached(device: int | None, suffix: str, kind, measure_on, recalibrate: bool):
+    """The entry of ``kind`` under ``device``'s key and ``suffix`` of the cache file, or
+    ``measure_on(device)`` saved there (see calibration())."""
     import torch
 
     if not torch.cuda.is_available():
-        raise NoCudaDeviceError("calibration: no CUDA device to calibrate on")
+        raise NoCudaDeviceError(f"{kind.NEEDED_BY}: no CUDA device to calibrate on")
     device = torch.cuda.current_device() if device is None else int(device)
     key = device_key(device) + suffix
     with _lock:
         if key in _cached and not recalibrate:
             return _cached[key]
         file = path()
-        cal = None if recalibrate else _entry(file, key, _read(file).get(key), kind, format)
+        cal = None if recalibrate else _entry(file, key, _read(file, kind.MODULE).get(key), kind)
         if cal is None:
             with _file_lock(file):
                 if not recalibrate:  # another process may have measured it meanwhile
-                    cal = _entry(file, key, _read(file).get(key), kind, format)
+                    cal = _entry(file, key, _read(file, kind.MODULE).get(key), kind)
                 if cal is None:
                     cal = measure_on(device)
                     try:
-                        entries = _read(file)
+                        entries = _read(file, kind.MODULE)
                     except CalibrationCacheError:
                         if not recalibrate:
                             raise
                         entries = {}  # --recalibrate replaces what cannot be read
-                    entries[key] = dict(dataclasses.asdict(cal), format=format)
+                    entries[key] = dict(dataclasses.asdict(cal), format=kind.FORMAT)
                     _write(file, entries)
         _cached[key] = cal
         return cal
@@ -346,7 +359,7 @@ def recalibrate_device(argv: list[str], module: str) -> int | None:
     """The device of ``--recalibrate [--device N]`` (None: the current one); exits with
     the usage of ``python -m module`` on anything else."""
     if not argv or argv[0] != "--recalibrate" or len(argv) not in (1, 3) or (
-            len(argv) == 3 and (argv[1] != "--device" or not argv[2].isdigit())):
+            len(argv) == 3 and (argv[1] != "--device" or not argv[2].isascii() or not argv[2].isdigit())):
         sys.exit(f"usage: python -m {module} --recalibrate [--device N]")
     return int(argv[2]) if len(argv) == 3 else None
 

@@ -43,14 +43,24 @@ class PageCalibration:
     noisy: dict[str, list[bool]]  # a window's |idle drift| over kvoffload.meter.NOISE, or uncovered
     bulk_slowdown: dict[str, float]  # direction -> the bulk copies' step slowdown
     FORMAT: ClassVar[int] = 2
+    MODULE: ClassVar[str] = "kvoffload.page_calibration"  # whose --recalibrate measures it
+    NEEDED_BY: ClassVar[str] = "Pages(max_slowdown)"
 
     def valid(self) -> bool:
+        """Whether the fields read from a file make a calibration: page sizes increasing
+        ints, rates >= 0, every number finite."""
         names = {f"{name(p)} {d.value}" for p in PATHS for d in Direction}
-        n = len(self.page_bytes) if _numbers(self.page_bytes) else -1
-        return (isinstance(self.key, str) and n > 0 and all(b > 0 for b in self.page_bytes)
-                and all(isinstance(t, dict) and set(t) == names for t in (self.alone, self.beside, self.over_bulk, self.noisy))
-                and all(_numbers(t) and len(t) == n
-                        for t in (*self.alone.values(), *self.beside.values(), *self.over_bulk.values()))
+        sizes = self.page_bytes
+        if not (isinstance(self.key, str) and _numbers(sizes) and sizes and all(type(b) is int for b in sizes)
+                and sizes[0] > 0 and all(a < b for a, b in zip(sizes, sizes[1:]))):
+            return False
+        n = len(sizes)
+        tables = (self.alone, self.beside, self.over_bulk, self.noisy)
+        if not all(isinstance(t, dict) and set(t) == names for t in tables):
+            return False
+        rates = (*self.alone.values(), *self.beside.values())
+        return (all(_numbers(t) and len(t) == n for t in (*rates, *self.over_bulk.values()))
+                and all(v >= 0 for t in rates for v in t)
                 and all(isinstance(t, list) and len(t) == n and all(isinstance(v, bool) for v in t)
                         for t in self.noisy.values())
                 and isinstance(self.bulk_slowdown, dict) and set(self.bulk_slowdown) == {d.value for d in Direction}
@@ -59,6 +69,12 @@ class PageCalibration:
     def cost(self, path: PagePath, direction: Direction, page_bytes: float) -> float:
         """The step slowdown over bulk copies', log-interpolated in page bytes."""
         return _interpolate(self.page_bytes, self.over_bulk[f"{name(path)} {direction.value}"], page_bytes)
+
+    def noisy_at(self, direction: Direction, page_bytes: float) -> bool:
+        """Whether a figure that the choice at page_bytes interpolates from was noisy."""
+        i = int(np.searchsorted(self.page_bytes, page_bytes))
+        near = {min(max(i - 1, 0), len(self.page_bytes) - 1), min(i, len(self.page_bytes) - 1)}
+        return any(self.noisy[f"{name(p)} {direction.value}"][j] for p in PATHS for j in near)
 
     def rate(self, path: PagePath, direction: Direction, page_bytes: float) -> float:
         """GB/s beside the loop, log-interpolated in page bytes."""
@@ -147,15 +163,15 @@ def measure(device: int, job_bytes: int = JOB_BYTES, **windows) -> PageCalibrati
             alone[key] = [rates[path, d, page] for page in PAGE_BYTES]
             beside[key] = [r.gb_per_s for r in results]
             over_bulk[key] = [r.step_slowdown - bulk[d.value] for r in results]
-            noisy[key] = [bool(r.noisy or got["bulk", d, 0].noisy) for r in results]
+            # A dry step waited for the host: its slowdown says nothing (kvoffload.meter).
+            noisy[key] = [bool(r.noisy or r.dry_steps or got["bulk", d, 0].noisy) for r in results]
     return PageCalibration(calibration.device_key(device), list(PAGE_BYTES), alone, beside, over_bulk, noisy, bulk)
 
 
 def page_calibration(device: int | None = None, recalibrate: bool = False) -> PageCalibration:
     """``device``'s page calibration, cached as kvoffload.calibration.calibration() caches
     its own: in this process, else from the file, else measured now and saved."""
-    return calibration.cached(device, SUFFIX, PageCalibration, PageCalibration.FORMAT,
-                              lambda d: measure(d), recalibrate)
+    return calibration.cached(device, SUFFIX, PageCalibration, lambda d: measure(d), recalibrate)
 
 
 def main(argv: list[str]) -> None:
