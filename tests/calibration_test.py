@@ -129,6 +129,11 @@ CORRUPT = {
     "an entry with a table that is no list": json.dumps(
         {"fake GPU 0": dict(_good_entry(), rates={"batch h2d scattered": "fast"}),
          "other GPU": _good_entry("other GPU")}).encode(),
+    "an entry with sizes out of order": json.dumps(
+        {"fake GPU 0": dict(_good_entry(), sizes=calibration.SIZES[::-1]), "other GPU": _good_entry("other GPU")}).encode(),
+    "an entry with a rate that is not a number": json.dumps(
+        {"fake GPU 0": dict(_good_entry(), beside={"batch h2d": [1.0, float("nan"), 3.0]}),
+         "other GPU": _good_entry("other GPU")}).encode(),
     "an entry with a table of the wrong length": json.dumps(
         {"fake GPU 0": dict(_good_entry(), beside={"batch h2d": [1.0]}), "other GPU": _good_entry("other GPU")}).encode(),
 }

@@ -108,7 +108,7 @@ class Calibration:
 
     def valid(self) -> bool:
         """Whether the fields read from a file make a calibration."""
-        return (isinstance(self.key, str) and _numbers(self.sizes) and _numbers(self.beside_sizes)
+        return (isinstance(self.key, str) and _increasing(self.sizes) and _increasing(self.beside_sizes)
                 and isinstance(self.rates, dict) and isinstance(self.beside, dict)
                 and isinstance(self.slowdown, dict)
                 and all(_numbers(t) and len(t) == len(self.sizes) for t in self.rates.values())
@@ -277,6 +277,12 @@ def _finite(v) -> bool:
         return math.isfinite(v)
     except OverflowError:  # an int too large for a float
         return False
+
+
+def _increasing(value) -> bool:
+    """A list of sizes: ints > 0, each larger than the one before."""
+    return (_numbers(value) and all(type(v) is int and v > 0 for v in value)
+            and all(a < b for a, b in zip(value, value[1:])))
 
 
 def _numbers(value, none=False) -> bool:

@@ -20,7 +20,7 @@ from typing import ClassVar
 import numpy as np
 
 from kvoffload import calibration
-from kvoffload.calibration import _interpolate, _numbers
+from kvoffload.calibration import _increasing, _interpolate, _numbers
 from kvoffload.page_methods import PagePath, name
 from kvoffload.vocabulary import Direction
 
@@ -51,8 +51,7 @@ class PageCalibration:
         ints, rates >= 0, every number finite."""
         names = {f"{name(p)} {d.value}" for p in PATHS for d in Direction}
         sizes = self.page_bytes
-        if not (isinstance(self.key, str) and _numbers(sizes) and sizes and all(type(b) is int for b in sizes)
-                and sizes[0] > 0 and all(a < b for a, b in zip(sizes, sizes[1:]))):
+        if not (isinstance(self.key, str) and _increasing(sizes) and sizes):
             return False
         n = len(sizes)
         tables = (self.alone, self.beside, self.over_bulk, self.noisy)
