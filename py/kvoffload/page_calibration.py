@@ -4,8 +4,8 @@ direction: what kvoffload.Pages(max_slowdown=...) chooses by.
 At each of PAGE_BYTES it makes a handler per path (DMA, the staging ring) over TENSORS
 tensors of that page, keeps its jobs (JOB_BYTES each, disjoint, two in flight) beside the
 Llama-shaped layer loop on kvoffload.meter, with bulk copies in the same run, and
-records each path's rate beside the loop and the loop's step slowdown over the bulk
-copies'. Cached beside the raw-pointer calibration (kvoffload.calibration: the same file
+records each path's rate alone and beside the loop and the loop's step slowdown over the
+bulk copies'. Cached beside the raw-pointer calibration (kvoffload.calibration: the same file
 and lock) under the device's key and "pages", and measured again by
 
     python -m kvoffload.page_calibration --recalibrate [--device N]
@@ -40,7 +40,7 @@ class PageCalibration:
     alone: dict[str, list[float]]  # GB/s with nothing beside
     beside: dict[str, list[float]]  # GB/s beside the loop
     over_bulk: dict[str, list[float]]  # step slowdown less the bulk copies'
-    noisy: dict[str, list[bool]]  # a window's |idle drift| over kvoffload.meter.NOISE, or uncovered
+    noisy: dict[str, list[bool]]  # |idle drift| over kvoffload.meter.NOISE, copies short of a window, or dry steps
     bulk_slowdown: dict[str, float]  # direction -> the bulk copies' step slowdown
     FORMAT: ClassVar[int] = 2
     MODULE: ClassVar[str] = "kvoffload.page_calibration"  # whose --recalibrate measures it
