@@ -90,17 +90,15 @@ class PageJobs:
                 registry.check([t.gpu_base], [gpu_span], MemoryKind.DEVICE, f"group {g} GPU extent")
             if cpu_span:
                 registry.check([t.cpu_base], [cpu_span], MemoryKind.HOST, f"group {g} CPU extent")
-        if cal is not None and method.path is None:
-            page = page_methods.mean_page_bytes(layout)
-            for d in Direction:
-                if cal.noisy_at(d, page):
-                    logger.warning("kvoffload: the page calibration's %s figures near %.0f page bytes were "
-                                   "noisy; measure again with python -m kvoffload.page_calibration "
-                                   "--recalibrate", d.value, page)
-        logger.info("kvoffload: %s page bytes on average: stores by %s, loads by %s (%s)",
-                    f"{page_methods.mean_page_bytes(layout):.0f}",
+        page = page_methods.mean_page_bytes(layout)
+        for d in Direction if cal is not None else ():
+            if cal.noisy_at(d, page):
+                logger.warning("kvoffload: the page calibration's %s figures near %.0f page bytes were "
+                               "noisy; measure again with python -m kvoffload.page_calibration "
+                               "--recalibrate", d.value, page)
+        logger.info("kvoffload: %s page bytes on average: stores by %s, loads by %s (%s)", f"{page:.0f}",
                     page_methods.name(self.paths[Direction.STORE]), page_methods.name(self.paths[Direction.LOAD]),
-                    "built-in choice" if cal is None or method.path is not None
+                    "built-in choice" if cal is None
                     else f"within {method.max_slowdown:.1%} of bulk copies' slowdown, by the page calibration")
 
     @property

@@ -153,7 +153,7 @@ def measure(device: int, job_bytes: int = JOB_BYTES, **windows) -> PageCalibrati
         finally:
             for handler in handlers:
                 handler.shutdown()
-    bulk = {d.value: got["bulk", d, 0].step_slowdown for d in Direction}
+    bulk_slowdown = {d.value: got["bulk", d, 0].step_slowdown for d in Direction}
     alone, beside, over_bulk, noisy = {}, {}, {}, {}
     for path in PATHS:
         for d in Direction:
@@ -161,10 +161,11 @@ def measure(device: int, job_bytes: int = JOB_BYTES, **windows) -> PageCalibrati
             key = f"{name(path)} {d.value}"
             alone[key] = [rates[path, d, page] for page in PAGE_BYTES]
             beside[key] = [r.gb_per_s for r in results]
-            over_bulk[key] = [r.step_slowdown - bulk[d.value] for r in results]
+            over_bulk[key] = [r.step_slowdown - bulk_slowdown[d.value] for r in results]
             # A dry step waited for the host: its slowdown says nothing (kvoffload.meter).
             noisy[key] = [bool(r.noisy or r.dry_steps or got["bulk", d, 0].noisy) for r in results]
-    return PageCalibration(calibration.device_key(device), list(PAGE_BYTES), alone, beside, over_bulk, noisy, bulk)
+    return PageCalibration(calibration.device_key(device), list(PAGE_BYTES), alone, beside, over_bulk, noisy,
+                           bulk_slowdown)
 
 
 def page_calibration(device: int | None = None, recalibrate: bool = False) -> PageCalibration:
