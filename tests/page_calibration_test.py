@@ -95,7 +95,7 @@ def test_each_direction_chooses_from_its_own_figures():
 def test_a_max_slowdown_is_checked_and_needs_a_calibration():
     with pytest.raises(ValueError, match="max_slowdown: chooses a path, and path 'pages_dma' is forced"):
         kv.Pages(DMA, max_slowdown=0.01)
-    for bad in (-0.01, True, "0.01", float("nan")):
+    for bad in (-0.01, True, "0.01", float("nan"), 10 ** 400):
         with pytest.raises(ValueError, match="max_slowdown: must be a number >= 0 or None"):
             kv.Pages(max_slowdown=bad)
     with pytest.raises(ValueError, match="cal: a page method with a max_slowdown chooses from a page calibration"):

@@ -115,5 +115,14 @@ class Auto:
 def check_max_slowdown(max_slowdown) -> None:
     """A number >= 0 (numpy's too) or None; not a bool, which JSON configs give for a typo."""
     if max_slowdown is not None and not (isinstance(max_slowdown, numbers.Real) and max_slowdown >= 0
-                                         and not isinstance(max_slowdown, (bool, np.bool_))):
+                                         and not isinstance(max_slowdown, (bool, np.bool_))
+                                         and _fits_a_float(max_slowdown)):
         raise ValueError(f"max_slowdown: must be a number >= 0 or None, got {max_slowdown!r}")
+
+
+def _fits_a_float(value) -> bool:
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
