@@ -134,6 +134,8 @@ CORRUPT = {
     "an entry with a rate that is not a number": json.dumps(
         {"fake GPU 0": dict(_good_entry(), beside={"batch h2d": [1.0, float("nan"), 3.0]}),
          "other GPU": _good_entry("other GPU")}).encode(),
+    "an entry of another device": json.dumps({"fake GPU 0": _good_entry("other GPU"),
+                                              "other GPU": _good_entry("other GPU")}).encode(),
     "an entry with a table of the wrong length": json.dumps(
         {"fake GPU 0": dict(_good_entry(), beside={"batch h2d": [1.0]}), "other GPU": _good_entry("other GPU")}).encode(),
 }

@@ -6,13 +6,13 @@ import torch
 from kvoffload import calibration
 
 
-def fake_device(tmp_path, monkeypatch, module, make):
+def fake_device(tmp_path, monkeypatch, module, make, suffix=""):
     """(cache file, devices measured): ``module.measure(d)`` records d and returns make(key)."""
     measured = []
     monkeypatch.setenv("KVOFFLOAD_CALIBRATION", str(tmp_path / "calibration.json"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(calibration, "device_key", lambda d: f"fake GPU {d}")
-    monkeypatch.setattr(module, "measure", lambda d: measured.append(d) or make(f"fake GPU {d}"))
+    monkeypatch.setattr(module, "measure", lambda d: measured.append(d) or make(f"fake GPU {d}{suffix}"))
     monkeypatch.setattr(calibration, "_cached", {})
     return tmp_path / "calibration.json", measured

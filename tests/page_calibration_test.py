@@ -19,7 +19,7 @@ DMA, STAGED = kv.PagePath.DMA, kv.PagePath.STAGED
 PAGES = [4 << 10, 16 << 10, 64 << 10]
 
 
-def fake(key="fake GPU 0", dma=(0.000, 0.001, 0.002), ring=(0.030, 0.020, 0.010),
+def fake(key="fake GPU 0 | pages", dma=(0.000, 0.001, 0.002), ring=(0.030, 0.020, 0.010),
          dma_rate=(12.0, 30.0, 54.0), ring_rate=(47.0, 48.0, 46.0)):
     """The same figures both ways: DMA gentle and slow at small pages, the ring fast and costly."""
     alone, beside, over_bulk, noisy = {}, {}, {}, {}
@@ -107,7 +107,7 @@ def test_a_max_slowdown_is_checked_and_needs_a_calibration():
 
 @pytest.fixture
 def machine(tmp_path, monkeypatch):
-    return fake_device(tmp_path, monkeypatch, page_calibration, fake)
+    return fake_device(tmp_path, monkeypatch, page_calibration, fake, page_calibration.SUFFIX)
 
 
 def test_measured_once_then_read_back_beside_the_raw_pointer_entry(machine, monkeypatch):
@@ -148,6 +148,8 @@ def test_an_entry_of_another_format_is_measured_again(machine):
     (lambda e: e["beside"]["pages_dma store"].__setitem__(2, -1.0), "does not hold a calibration"),
     (lambda e: e["bulk_slowdown"].__setitem__("store", float("nan")), "does not hold a calibration"),
     (lambda e: e.__setitem__("surprise", 1), "unexpected keyword argument 'surprise'"),
+    (lambda e: e.__setitem__("key", "fake GPU 1 | pages"), "holds the calibration of 'fake GPU 1 | pages'"),
+    (lambda e: e.__setitem__("key", "fake GPU 0"), "holds the calibration of 'fake GPU 0'"),
 ])
 def test_a_corrupt_entry_is_named_and_not_measured_over(machine, spoil, why):
     file, measured = machine

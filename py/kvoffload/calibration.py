@@ -310,6 +310,8 @@ def _entry(file: pathlib.Path, key: str, entry, kind):
         raise _corrupt(file, f"the entry of {key!r}: {e}", kind.MODULE) from None
     if not cal.valid():
         raise _corrupt(file, f"the entry of {key!r} does not hold a calibration", kind.MODULE)
+    if cal.key != key:
+        raise _corrupt(file, f"the entry of {key!r} holds the calibration of {cal.key!r}", kind.MODULE)
     return cal
 
 

@@ -42,7 +42,7 @@ class PageCalibration:
     over_bulk: dict[str, list[float]]  # step slowdown less the bulk copies'
     noisy: dict[str, list[bool]]  # |idle drift| over kvoffload.meter.NOISE, copies short of a window, or dry steps
     bulk_slowdown: dict[str, float]  # direction -> the bulk copies' step slowdown
-    FORMAT: ClassVar[int] = 2
+    FORMAT: ClassVar[int] = 3  # 3: keyed by the entry's own key, suffix and all
     MODULE: ClassVar[str] = "kvoffload.page_calibration"  # whose --recalibrate measures it
     NEEDED_BY: ClassVar[str] = "Pages(max_slowdown)"
 
@@ -164,7 +164,7 @@ def measure(device: int, job_bytes: int = JOB_BYTES, **windows) -> PageCalibrati
             over_bulk[key] = [r.step_slowdown - bulk_slowdown[d.value] for r in results]
             # A dry step waited for the host: its slowdown says nothing (kvoffload.meter).
             noisy[key] = [bool(r.noisy or r.dry_steps or got["bulk", d, 0].noisy) for r in results]
-    return PageCalibration(calibration.device_key(device), list(PAGE_BYTES), alone, beside, over_bulk, noisy,
+    return PageCalibration(calibration.device_key(device) + SUFFIX, list(PAGE_BYTES), alone, beside, over_bulk, noisy,
                            bulk_slowdown)
 
 
@@ -176,7 +176,7 @@ def page_calibration(device: int | None = None, recalibrate: bool = False) -> Pa
 
 def main(argv: list[str]) -> None:
     cal = page_calibration(calibration.recalibrate_device(argv, "kvoffload.page_calibration"), recalibrate=True)
-    print(f"{cal.key}{SUFFIX}: written to {calibration.path()}")
+    print(f"{cal.key}: written to {calibration.path()}")
     print("bulk copies' slowdown: " + ", ".join(f"{d} {s:+.2%}" for d, s in cal.bulk_slowdown.items()))
     print(f"{'':<20}" + "".join(f"{b >> 10:>10} KiB{'':>15}" for b in cal.page_bytes))
     print("GB/s alone / beside @ step slowdown over bulk copies' (? where noisy)")
