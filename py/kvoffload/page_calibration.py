@@ -30,6 +30,7 @@ JOB_BYTES = 128 << 20
 JOBS = 4  # taken in turn, two in flight
 PATHS = (PagePath.DMA, PagePath.STAGED)
 SUFFIX = " | pages"
+TIE = 0.05  # rates beside the loop this close count as equal
 
 
 @dataclasses.dataclass
@@ -80,15 +81,26 @@ class PageCalibration:
         return _interpolate(self.page_bytes, self.beside[f"{name(path)} {direction.value}"], page_bytes)
 
 
-def choose(cal: PageCalibration, direction: Direction, page_bytes: float, max_slowdown: float,
-           batch_copy: bool = True) -> PagePath:
-    """The path fastest beside the loop of those within ``max_slowdown`` over bulk copies;
-    where none is, the one that costs least. Without the driver's batch copy, the ring."""
+def choose(cal: PageCalibration, page_bytes: float, max_slowdown: float, batch_copy: bool = True) -> PagePath:
+    """The one path for both directions: of those within ``max_slowdown`` over bulk
+    copies' both ways, the fastest beside the loop (both ways' rates summed), where rates
+    within TIE of the fastest go to the cheaper; where none is within, the one whose
+    costlier direction costs least. Without the driver's batch copy, the ring."""
+    # Ring stores beside DMA loads moved 55 GB/s both ways, against 96 for DMA both ways
+    # (bench/results/vllm_worker_page_calibration_h200.json): never mix them.
     paths = PATHS if batch_copy else (PagePath.STAGED,)
-    within = [p for p in paths if cal.cost(p, direction, page_bytes) <= max_slowdown]
-    if within:
-        return max(within, key=lambda p: cal.rate(p, direction, page_bytes))
-    return min(paths, key=lambda p: cal.cost(p, direction, page_bytes))
+
+    def cost(path):
+        return max(cal.cost(path, d, page_bytes) for d in Direction)
+
+    def rate(path):
+        return sum(cal.rate(path, d, page_bytes) for d in Direction)
+
+    within = [p for p in paths if cost(p) <= max_slowdown]
+    if not within:
+        return min(paths, key=cost)
+    fastest = max(rate(p) for p in within)
+    return min((p for p in within if rate(p) >= (1 - TIE) * fastest), key=cost)
 
 
 def _jobs(rng, n: int, count: int) -> list:

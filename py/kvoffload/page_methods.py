@@ -80,7 +80,8 @@ def choose(method: Pages, layout, batch_copy: bool = True, cal=None) -> dict[Dir
 
         if cal is None:
             raise ValueError("cal: a page method with a max_slowdown chooses from a page calibration, got None")
-        return {d: page_calibration.choose(cal, d, page, method.max_slowdown, batch_copy) for d in Direction}
+        path = page_calibration.choose(cal, page, method.max_slowdown, batch_copy)
+        return {d: path for d in Direction}
     return {d: PagePath.DMA if batch_copy and page >= DMA_FROM_PAGE_BYTES[d] else PagePath.STAGED
             for d in Direction}
 
