@@ -62,6 +62,9 @@ def test_rates_within_the_tie_go_to_the_cheaper_path(ring_rate, path):
 
 def test_costs_and_rates_are_log_interpolated_and_held_at_the_ends():
     cal = fake()
+    cal.over_bulk["pages_staged store"][1] = 0.05
+    assert cal.worst_cost(STAGED, 16 << 10) == pytest.approx(0.05)  # the store's, over the load's 2%
+    cal.over_bulk["pages_staged store"][1] = 0.02
     assert cal.cost(STAGED, Direction.LOAD, 8 << 10) == pytest.approx(0.025)
     assert cal.rate(DMA, Direction.STORE, 32 << 10) == pytest.approx(42.0)
     assert cal.cost(STAGED, Direction.STORE, 512) == pytest.approx(0.030)

@@ -96,10 +96,15 @@ class PageJobs:
                 logger.warning("kvoffload: the page calibration's %s figures near %.0f page bytes were "
                                "noisy; measure again with python -m kvoffload.page_calibration "
                                "--recalibrate", d.value, page)
+        if cal is None:
+            why = "built-in choice"
+        else:
+            cost = cal.worst_cost(self.paths[Direction.STORE], page)
+            why = (f"{cost:+.2%} over bulk copies' slowdown by the page calibration, "
+                   + (f"within {method.max_slowdown:.2%}" if cost <= method.max_slowdown
+                      else f"the least; none is within {method.max_slowdown:.2%}"))
         logger.info("kvoffload: %s page bytes on average: stores by %s, loads by %s (%s)", f"{page:.0f}",
-                    page_methods.name(self.paths[Direction.STORE]), page_methods.name(self.paths[Direction.LOAD]),
-                    "built-in choice" if cal is None
-                    else f"within {method.max_slowdown:.1%} of bulk copies' slowdown, by the page calibration")
+                    page_methods.name(self.paths[Direction.STORE]), page_methods.name(self.paths[Direction.LOAD]), why)
 
     @property
     def methods(self) -> dict[str, str]:

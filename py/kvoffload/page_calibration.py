@@ -70,6 +70,10 @@ class PageCalibration:
         """The step slowdown over bulk copies', log-interpolated in page bytes."""
         return _interpolate(self.page_bytes, self.over_bulk[f"{name(path)} {direction.value}"], page_bytes)
 
+    def worst_cost(self, path: PagePath, page_bytes: float) -> float:
+        """The costlier direction's cost()."""
+        return max(self.cost(path, d, page_bytes) for d in Direction)
+
     def noisy_at(self, direction: Direction, page_bytes: float) -> bool:
         """Whether a figure that the choice at page_bytes interpolates from was noisy."""
         i = int(np.searchsorted(self.page_bytes, page_bytes))
@@ -91,7 +95,7 @@ def choose(cal: PageCalibration, page_bytes: float, max_slowdown: float, batch_c
     paths = PATHS if batch_copy else (PagePath.STAGED,)
 
     def cost(path):
-        return max(cal.cost(path, d, page_bytes) for d in Direction)
+        return cal.worst_cost(path, page_bytes)
 
     def rate(path):
         return sum(cal.rate(path, d, page_bytes) for d in Direction)
