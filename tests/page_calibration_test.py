@@ -3,6 +3,7 @@ the calibration cache file beside the raw-pointer one; measuring is stood in for
 
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -142,11 +143,21 @@ def test_measured_once_then_read_back_beside_the_raw_pointer_entry(machine, monk
     assert measured == [0, 0]
 
 
-def test_an_entry_of_another_format_is_measured_again(machine):
+@pytest.mark.parametrize("format, key", [(0, "fake GPU 0 | pages"), (2, "fake GPU 0")])  # 2: keyed without the suffix
+def test_an_entry_of_another_format_is_measured_again(machine, format, key):
     file, measured = machine
-    file.write_text(json.dumps({"fake GPU 0 | pages": dict(dataclasses.asdict(fake()), format=0)}))
+    file.write_text(json.dumps({"fake GPU 0 | pages": dict(dataclasses.asdict(fake(key)), format=format)}))
     page_calibration.page_calibration(0)
     assert measured == [0]
+    assert json.loads(file.read_text())["fake GPU 0 | pages"]["key"] == "fake GPU 0 | pages"
+
+
+def test_a_measurement_of_another_key_is_not_written(machine, monkeypatch):
+    file, _ = machine
+    monkeypatch.setattr(page_calibration, "measure", lambda d: fake("fake GPU 0"))
+    with pytest.raises(AssertionError, match=re.escape("measured 'fake GPU 0' for 'fake GPU 0 | pages'")):
+        page_calibration.page_calibration(0)
+    assert not file.exists()
 
 
 @pytest.mark.parametrize("spoil, why", [

@@ -351,6 +351,8 @@ def cached(device: int | None, suffix: str, kind, measure_on, recalibrate: bool)
                     cal = _entry(file, key, _read(file, kind.MODULE).get(key), kind)
                 if cal is None:
                     cal = measure_on(device)
+                    if cal.key != key:
+                        raise AssertionError(f"{kind.MODULE}: measured {cal.key!r} for {key!r}")
                     try:
                         entries = _read(file, kind.MODULE)
                     except CalibrationCacheError:

@@ -98,6 +98,8 @@ class PageJobs:
                                "--recalibrate", d.value, page)
         if cal is None:
             why = "built-in choice"
+        elif not batch_copy:
+            why = "the ring: the driver has no batch copy"
         else:
             cost = cal.worst_cost(self.paths[Direction.STORE], page)
             why = (f"{cost:+.2%} over bulk copies' slowdown by the page calibration, "

@@ -90,8 +90,9 @@ def choose(cal: PageCalibration, page_bytes: float, max_slowdown: float, batch_c
     copies' both ways, the fastest beside the loop (both ways' rates summed), where rates
     within TIE of the fastest go to the cheaper; where none is within, the one whose
     costlier direction costs least. Without the driver's batch copy, the ring."""
-    # Ring stores beside DMA loads moved 55 GB/s both ways, against 96 for DMA both ways
-    # (bench/results/vllm_worker_page_calibration_h200.json): never mix them.
+    # Ring stores beside DMA loads moved 53-55 GB/s both ways, against 96-98 for DMA both
+    # ways (bench/results/vllm_worker_page_calibration_h200.json); only that mix was seen
+    # to collapse, but one path rules it out.
     paths = PATHS if batch_copy else (PagePath.STAGED,)
 
     def cost(path):

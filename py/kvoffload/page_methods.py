@@ -1,4 +1,4 @@
-"""How a handler's page jobs cross the link, chosen per direction when it is made.
+"""How a handler's page jobs cross the link, chosen when it is made.
 
 A copy engine moves a large page at the link's rate without an SM, so beside a model it
 costs what any DMA costs; small pages leave the driver's per-copy time in charge, and
@@ -37,7 +37,7 @@ def mean_page_bytes(layout) -> float:
 @dataclasses.dataclass(frozen=True)
 class Pages:
     """A handler's page method: each job goes to the GPU as ids. ``path``: every page by
-    that PagePath, or None ("pages") to choose per direction from the layout (``choose``).
+    that PagePath, or None ("pages") to choose from the layout (``choose``).
     ``ctas``: the gather and scatter kernels' CTAs. ``max_slowdown``: with path None, the
     step slowdown over bulk copies' that a model beside may be given, chosen by from the
     device's page calibration; None: the built-in choice."""
