@@ -3,13 +3,15 @@ the calibration cache file beside the raw-pointer one; measuring is stood in for
 
 import dataclasses
 import json
+import logging
 import re
 
+import numpy as np
 import pytest
 import torch
 
 import kvoffload as kv
-from kvoffload import calibration, page_calibration, page_methods
+from kvoffload import calibration, job_methods, page_calibration, page_methods
 from kvoffload.calibration import CalibrationCacheError
 from kvoffload.page_calibration import PageCalibration
 from kvoffload.planner import GroupLayout, KVLayout, TensorLayout
@@ -236,3 +238,29 @@ def test_the_command_line_recalibrates_and_prints_every_path(machine, capsys):
     out = capsys.readouterr().out
     assert measured == [1] and "fake GPU 1 | pages: written to" in out
     assert all(f"{page_methods.name(p)} {d.value}" in out for p in page_calibration.PATHS for d in Direction)
+
+
+class _Spanless:
+    """A page table whose tensors span nothing: PageJobs checks no extent."""
+
+    def spans(self):
+        return np.zeros(4, np.int64), np.zeros(4, np.int64)
+
+
+@pytest.mark.parametrize("max_slowdown, batch_copy, says", [
+    (0.05, True, "stores by pages_staged, loads by pages_staged (+3.00% over bulk copies' slowdown by the page "
+                 "calibration, within 5.00%)"),
+    (0.001, True, "stores by pages_dma, loads by pages_dma (+0.50% over bulk copies' slowdown by the page "
+                  "calibration, the least; none is within 0.10%)"),
+    (0.05, False, "stores by pages_staged, loads by pages_staged (the ring: the driver has no batch copy)"),
+])
+def test_page_jobs_log_their_choice_and_its_cost(caplog, max_slowdown, batch_copy, says):
+    cal = fake(dma=(0.005, 0.005, 0.005))
+    cal.noisy["pages_dma load"][0] = True
+    with caplog.at_level(logging.INFO, logger="kvoffload.job_methods"):
+        jobs = job_methods.PageJobs(kv.Pages(max_slowdown=max_slowdown), layout(4 << 10), _Spanless(), None,
+                                    batch_copy, cal)
+    assert f"kvoffload: 4096 page bytes on average: {says}" in caplog.text
+    assert "the page calibration's load figures near 4096 page bytes were noisy" in caplog.text
+    assert "store figures" not in caplog.text
+    assert set(jobs.methods.values()) == {says.split()[2].rstrip(",")}
