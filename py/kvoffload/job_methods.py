@@ -96,15 +96,8 @@ class PageJobs:
                 logger.warning("kvoffload: the page calibration's %s figures near %.0f page bytes were "
                                "noisy; measure again with python -m kvoffload.page_calibration "
                                "--recalibrate", d.value, page)
-        if cal is None:
-            why = "built-in choice"
-        elif not batch_copy:
-            why = "the ring: the driver has no batch copy"
-        else:
-            cost = cal.worst_cost(self.paths[Direction.STORE], page)
-            why = (f"{cost:+.2%} over bulk copies' slowdown by the page calibration, "
-                   + (f"within {method.max_slowdown:.2%}" if cost <= method.max_slowdown
-                      else f"the least; none is within {method.max_slowdown:.2%}"))
+        why = ("built-in choice" if cal is None else
+               page_calibration.why(cal, self.paths[Direction.STORE], page, method.max_slowdown, batch_copy))
         logger.info("kvoffload: %s page bytes on average: stores by %s, loads by %s (%s)", f"{page:.0f}",
                     page_methods.name(self.paths[Direction.STORE]), page_methods.name(self.paths[Direction.LOAD]), why)
 

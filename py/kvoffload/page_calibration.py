@@ -108,6 +108,16 @@ def choose(cal: PageCalibration, page_bytes: float, max_slowdown: float, batch_c
     return min((p for p in within if rate(p) >= (1 - TIE) * fastest), key=cost)
 
 
+def why(cal: PageCalibration, path: PagePath, page_bytes: float, max_slowdown: float,
+        batch_copy: bool = True) -> str:
+    """Why choose() took ``path``, for the log."""
+    if not batch_copy:
+        return "the ring: the driver has no batch copy"
+    cost = cal.worst_cost(path, page_bytes)
+    return (f"{cost:+.2%} over bulk copies' slowdown by the page calibration, "
+            + (f"within {max_slowdown:.2%}" if cost <= max_slowdown else f"the least; none is within {max_slowdown:.2%}"))
+
+
 def _jobs(rng, n: int, count: int) -> list:
     """``count`` jobs of n random blocks to n random chunks, out of count * n of each. No
     two share a block or a chunk: a job that conflicts with the one before waits for it,
