@@ -114,8 +114,8 @@ def why(cal: PageCalibration, path: PagePath, page_bytes: float, max_slowdown: f
     if not batch_copy:
         return "the ring: the driver has no batch copy"
     cost = cal.worst_cost(path, page_bytes)
-    return (f"{cost:+.2%} over bulk copies' slowdown by the page calibration, "
-            + (f"within {max_slowdown:.2%}" if cost <= max_slowdown else f"the least; none is within {max_slowdown:.2%}"))
+    within = f"within {max_slowdown:.2%}" if cost <= max_slowdown else f"the least; none is within {max_slowdown:.2%}"
+    return f"{cost:+.2%} over bulk copies' slowdown by the page calibration, {within}"
 
 
 def _jobs(rng, n: int, count: int) -> list:
