@@ -2,6 +2,8 @@
 page table's copies (page_table.transfer_plan), checked byte for byte through the host
 copy path, against the per-block reference, and on bad input."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,7 @@ from kvoffload.planner import (CPUSpec, GPUSpec, GroupLayout, KVLayout, TensorLa
                                check_shared, chunks_used)
 from kv_model import POISON, KVModel
 from layouts import transfers
-from planner_reference import plan_per_block
+from planner_reference import job_blocks, plan_per_block
 
 
 def plan(layout, gpu, cpu, host_breaks=()):
@@ -25,18 +27,26 @@ def plan(layout, gpu, cpu, host_breaks=()):
 
 
 def merged_per_block(layout, gpu, cpu, host_breaks=()):
-    """The per-block reference with consecutive pages of one tensor merged where they
-    continue on both sides and no host break lies between: the plan's copies, sorted."""
+    """The per-block reference, each tensor's chunks taken by the GPU block id of their
+    first page (the page table's DMA order), consecutive pages of one tensor merged where
+    they continue on both sides and no host break lies between: the plan's copies, sorted."""
     pages, at, merged = plan_per_block(layout, gpu, cpu), 0, []
+    blocks = list(job_blocks(layout.blocks_per_chunk, gpu.block_ids, gpu.group_sizes, gpu.block_indices,
+                             cpu.chunk_ids))
     for g, group in enumerate(layout.groups):
+        mine = [b for b in blocks if b[0] == g]  # (group, block, chunk, sub-block) in job order
+        runs = [list(run) for _, run in itertools.groupby(range(len(mine)), key=lambda i: mine[i][2])]
+        order = [i for run in sorted(runs, key=lambda run: mine[run[0]][1]) for i in run]
         for _ in group.tensors:  # the reference is tensor-major in each group
-            for k, (a, c, n) in enumerate(pages[at:at + gpu.group_sizes[g]]):
-                last = merged[-1] if k else None
+            last = None
+            for i in order:
+                a, c, n = pages[at + i]
                 if last and last[0] + last[2] == a and last[1] + last[2] == c and c not in host_breaks:
                     last[2] += n
                 else:
-                    merged.append([a, c, n])
-            at += gpu.group_sizes[g]
+                    last = [a, c, n]
+                    merged.append(last)
+            at += len(mine)
     return sorted(map(tuple, merged))
 
 

@@ -4,8 +4,10 @@
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -427,13 +429,31 @@ void UnitCopies(const PageLayout& layout, const int64_t* block_ids,
   }
 }
 
+std::vector<int32_t> DmaOrder(const PageLayout& layout, const int64_t* block_ids,
+                              const std::vector<Segment>& segments) {
+  std::vector<int64_t> group_of(layout.refs().size());
+  for (int64_t g = 0; g < layout.groups(); ++g) {
+    std::fill(group_of.begin() + layout.first_ref(g), group_of.begin() + layout.end_ref(g), g);
+  }
+  auto key = [&](int32_t i) {
+    const Segment& s = segments[i];
+    const int64_t g = group_of[s.ref];
+    return std::make_tuple(g, layout.chunk_major(g) ? int32_t{0} : s.ref, block_ids[s.first_block]);
+  };
+  std::vector<int32_t> order(segments.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) < key(b); });
+  return order;
+}
+
 void BuildPageDma(const PageLayout& layout, const int64_t* block_ids,
                   const std::vector<Segment>& segments, PageDma& out) {
   out.gpu.clear();
   out.host.clear();
   out.size.clear();
   int32_t last_ref = -1;
-  for (const Segment& s : segments) {
+  for (const int32_t i : DmaOrder(layout, block_ids, segments)) {
+    const Segment& s = segments[i];
     const TensorRef& ref = layout.refs()[s.ref];
     for (int32_t k = 0; k < s.pages; ++k) {
       const UnitPlace first = PlaceUnit(ref, block_ids, s, k * UnitsPerPage(ref.page_bytes));
@@ -452,6 +472,5 @@ void BuildPageDma(const PageLayout& layout, const int64_t* block_ids,
     }
   }
 }
-
 
 }  // namespace kvoffload

@@ -10,6 +10,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cc/util/test_checks.h"
@@ -456,6 +457,36 @@ void TestDmaIsThePagesMerged(std::mt19937_64& rng) {
   EXPECT(dma.size == std::vector<int64_t>({page, page}));
 }
 
+// Copies go group by group in ascending GPU block ids, a chunk's tensors in order in a
+// chunk-major group, tensor by tensor in a tensor-major one, whatever the job's order.
+void TestDmaGoesByBlock(std::mt19937_64& rng) {
+  int64_t checked = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    RandomCase c = MakeCase(rng);
+    if (c.bpc != 1) continue;
+    PageLayout layout(c.refs, c.group_refs, c.gpu_blocks, c.cpu_chunks, c.bpc);
+    const PageJob job = JobOf(c);
+    ValidateJob(layout, job);
+    std::vector<Segment> segments;
+    BuildSegments(layout, job, segments);
+    PageDma dma;
+    BuildPageDma(layout, c.block_ids.data(), segments, dma);
+    std::tuple<int64_t, int64_t, int64_t, int64_t> last{-1, -1, -1, -1};
+    for (const int64_t gpu : dma.gpu) {
+      int64_t g = 0, r = 0;
+      while (r + 1 < static_cast<int64_t>(c.refs.size()) && c.refs[r + 1].gpu_base <= gpu) ++r;
+      while (layout.end_ref(g) <= r) ++g;
+      const int64_t block = (gpu - c.refs[r].gpu_base) / c.refs[r].gpu_stride;
+      const auto at = layout.chunk_major(g) ? std::make_tuple(g, int64_t{0}, block, r)
+                                            : std::make_tuple(g, r, block, int64_t{0});
+      EXPECT(last < at);
+      last = at;
+      ++checked;
+    }
+  }
+  EXPECT(checked > 100);
+}
+
 }  // namespace
 }  // namespace kvoffload
 
@@ -466,5 +497,6 @@ int main() {
   kvoffload::TestFewIdsOverAWideRange(rng);
   kvoffload::TestBadJobs();
   kvoffload::TestDmaIsThePagesMerged(rng);
+  kvoffload::TestDmaGoesByBlock(rng);
   return kvoffload::TestResult("page_table_test");
 }
