@@ -30,7 +30,9 @@ rm -rf gpu_bundle
 mkdir -p gpu_bundle/tests gpu_bundle/bench/results gpu_bundle/tools
 install -m 644 "$wheel" gpu_bundle/
 cp tests/*.py gpu_bundle/tests/
-rm gpu_bundle/tests/wheel_test.py   # needs Bazel; the bundle's suite runs on the wheel itself
+# wheel_test needs Bazel (the bundle's suite runs on the wheel itself); vllm_engine_test
+# runs vLLM's CPU build from setup.sh's virtual environment, a CPU machine's test.
+rm gpu_bundle/tests/wheel_test.py gpu_bundle/tests/vllm_engine_test.py gpu_bundle/tests/vllm_engine_run.py
 cp bench/*.py gpu_bundle/bench/
 cp tools/sanitize_gpu_tests.sh gpu_bundle/tools/
 echo "staged $(du -sh gpu_bundle | cut -f1) in gpu_bundle/: $(basename "$wheel"), tests, bench"
