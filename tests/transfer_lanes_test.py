@@ -9,22 +9,16 @@ import inspect
 import threading
 import types
 import time
-import warnings
 import weakref
 
 import numpy as np
 import pytest
 
-from kvoffload.transfer_lanes import CONNECTIONS, CudaLanes, HostLanes, Lanes, connections_advice
+from kvoffload.transfer_lanes import CudaLanes, HostLanes, Lanes
 
 LANES = ["store", "load", "expedited"]
 TIMEOUT = 10.0  # seconds; every wait here ends within milliseconds unless lanes hang
 SEEDS = range(6)
-
-
-@pytest.fixture(autouse=True)
-def enough_hardware_queues(monkeypatch):
-    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", str(CONNECTIONS))
 
 
 def within(fn, timeout=TIMEOUT):
@@ -504,33 +498,6 @@ def test_a_pipelined_job_never_waits_on_the_reused_end_of_a_collected_job_before
     lanes.wait(j)
     lanes.close()
     assert all(records == b_records for event, records in streams[0].waited if event is b_end)
-
-
-@pytest.mark.parametrize("value", [None, "", "1", "8", str(CONNECTIONS - 1), "many", "-64", "\u00b2"])
-def test_too_few_hardware_queues_get_advice_naming_the_variable(value):
-    environ = {} if value is None else {"CUDA_DEVICE_MAX_CONNECTIONS": value}
-    advice = connections_advice(environ)
-    assert advice.startswith("CUDA_DEVICE_MAX_CONNECTIONS ")
-    assert f"CUDA_DEVICE_MAX_CONNECTIONS={CONNECTIONS}" in advice
-    assert ("is not set" in advice) if not value else (repr(value) in advice)
-
-
-@pytest.mark.parametrize("value", [str(CONNECTIONS), " 32", "64"])
-def test_enough_hardware_queues_get_no_advice(value):
-    assert connections_advice({"CUDA_DEVICE_MAX_CONNECTIONS": value}) is None
-
-
-def test_cuda_lanes_warn_when_the_driver_has_too_few_hardware_queues(monkeypatch):
-    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
-    with pytest.warns(RuntimeWarning, match=r"CUDA_DEVICE_MAX_CONNECTIONS is not set"):
-        CudaLanes(_FAKE_TORCH, 0, ["store"]).close()
-    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")
-    with pytest.warns(RuntimeWarning, match=r"CUDA_DEVICE_MAX_CONNECTIONS is '8'"):
-        CudaLanes(_FAKE_TORCH, 0, ["store"]).close()
-    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", str(CONNECTIONS))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        CudaLanes(_FAKE_TORCH, 0, ["store"]).close()
 
 
 def test_one_lanes_enqueueing_does_not_hold_up_another_lanes():

@@ -15,35 +15,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import os
 import queue
 import threading
 import time
-import warnings
 import weakref
 from typing import Callable, Protocol, Sequence
-
-
-# The driver's hardware queues per device, read when CUDA starts in the process. At
-# CUDA's default of 8, the lanes' and the staging rings' streams share queues, and a
-# stream's wait holds back the streams behind it in its queue (bench/results/
-# both_connections_h200.json).
-CONNECTIONS = 32
-
-
-def connections_advice(environ) -> str | None:
-    """What to set, when ``environ`` leaves the driver fewer hardware queues than the
-    lanes need; None when it does not. CUDA reads the variable once, when it starts in
-    the process: a later change to ``os.environ`` changes the advice, not the queues."""
-    value = environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "")
-    if value.strip().isdecimal() and int(value) >= CONNECTIONS:
-        return None
-    now = f"is {value!r}" if value else "is not set (CUDA's default: 8 hardware queues)"
-    return (f"CUDA_DEVICE_MAX_CONNECTIONS {now}: kvoffload's streams then share the driver's "
-            f"hardware queues, which slows stores, and stores and loads at once, in most processes "
-            f"(docs/studies.md#hardware-queues). Set CUDA_DEVICE_MAX_CONNECTIONS={CONNECTIONS} in the "
-            f"environment before the process starts CUDA, unless a lower value is wanted for "
-            f"something else (then filter this RuntimeWarning).")
 
 
 class Lanes(Protocol):
@@ -108,9 +84,6 @@ class CudaLanes:
     until that one is enqueued, then on its stream for its end."""
 
     def __init__(self, torch, device, lanes: list[str]):
-        advice = connections_advice(os.environ)
-        if advice:
-            warnings.warn(advice, RuntimeWarning, stacklevel=3)
         self._torch = torch
         self._device = device
         self._streams = {lane: tuple(torch.cuda.Stream(device, priority=-1 if lane == "expedited" else 0)
