@@ -4,7 +4,6 @@
 #include <array>
 #include <cstdint>
 #include <limits>
-#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -431,18 +430,38 @@ void UnitCopies(const PageLayout& layout, const int64_t* block_ids,
 
 std::vector<int32_t> DmaOrder(const PageLayout& layout, const int64_t* block_ids,
                               const std::vector<Segment>& segments) {
+  // Runs of segments that move together: a chunk's tensors in a chunk-major group (the
+  // segments of one chunk follow each other and share their first block), else one
+  // segment. Sorting runs, not segments, keeps the host's time a copy small.
+  struct Run {
+    int64_t group, ref, block;
+    int32_t first, end;
+    bool operator<(const Run& o) const {
+      return std::tie(group, ref, block) < std::tie(o.group, o.ref, o.block);
+    }
+  };
   std::vector<int64_t> group_of(layout.refs().size());
   for (int64_t g = 0; g < layout.groups(); ++g) {
     std::fill(group_of.begin() + layout.first_ref(g), group_of.begin() + layout.end_ref(g), g);
   }
-  auto key = [&](int32_t i) {
+  std::vector<Run> runs;
+  for (int32_t i = 0; i < static_cast<int32_t>(segments.size()); ++i) {
     const Segment& s = segments[i];
     const int64_t g = group_of[s.ref];
-    return std::make_tuple(g, layout.chunk_major(g) ? int32_t{0} : s.ref, block_ids[s.first_block]);
-  };
-  std::vector<int32_t> order(segments.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return key(a) < key(b); });
+    const bool chunk_major = layout.chunk_major(g);
+    if (chunk_major && !runs.empty() && runs.back().group == g &&
+        segments[runs.back().first].first_block == s.first_block) {
+      runs.back().end = i + 1;
+    } else {
+      runs.push_back(Run{g, chunk_major ? 0 : s.ref, block_ids[s.first_block], i, i + 1});
+    }
+  }
+  std::stable_sort(runs.begin(), runs.end());
+  std::vector<int32_t> order;
+  order.reserve(segments.size());
+  for (const Run& r : runs) {
+    for (int32_t i = r.first; i < r.end; ++i) order.push_back(i);
+  }
   return order;
 }
 
