@@ -428,14 +428,14 @@ void UnitCopies(const PageLayout& layout, const int64_t* block_ids,
   }
 }
 
-std::vector<int32_t> DmaOrder(const PageLayout& layout, const int64_t* block_ids,
-                              const std::vector<Segment>& segments) {
+std::vector<size_t> DmaOrder(const PageLayout& layout, const int64_t* block_ids,
+                             const std::vector<Segment>& segments) {
   // Runs of segments that move together: a chunk's tensors in a chunk-major group (the
   // segments of one chunk follow each other and share their first block), else one
   // segment. Sorting runs, not segments, keeps the host's time a copy small.
   struct Run {
     int64_t group, ref, block;
-    int32_t first, end;
+    size_t first, end;
     bool operator<(const Run& o) const {
       return std::tie(group, ref, block) < std::tie(o.group, o.ref, o.block);
     }
@@ -445,7 +445,7 @@ std::vector<int32_t> DmaOrder(const PageLayout& layout, const int64_t* block_ids
     std::fill(group_of.begin() + layout.first_ref(g), group_of.begin() + layout.end_ref(g), g);
   }
   std::vector<Run> runs;
-  for (int32_t i = 0; i < static_cast<int32_t>(segments.size()); ++i) {
+  for (size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
     const int64_t g = group_of[s.ref];
     const bool chunk_major = layout.chunk_major(g);
@@ -457,10 +457,10 @@ std::vector<int32_t> DmaOrder(const PageLayout& layout, const int64_t* block_ids
     }
   }
   std::stable_sort(runs.begin(), runs.end());
-  std::vector<int32_t> order;
+  std::vector<size_t> order;
   order.reserve(segments.size());
   for (const Run& r : runs) {
-    for (int32_t i = r.first; i < r.end; ++i) order.push_back(i);
+    for (size_t i = r.first; i < r.end; ++i) order.push_back(i);
   }
   return order;
 }
@@ -471,7 +471,7 @@ void BuildPageDma(const PageLayout& layout, const int64_t* block_ids,
   out.host.clear();
   out.size.clear();
   int32_t last_ref = -1;
-  for (const int32_t i : DmaOrder(layout, block_ids, segments)) {
+  for (const size_t i : DmaOrder(layout, block_ids, segments)) {
     const Segment& s = segments[i];
     const TensorRef& ref = layout.refs()[s.ref];
     for (int32_t k = 0; k < s.pages; ++k) {

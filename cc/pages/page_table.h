@@ -7,6 +7,7 @@
 // the GPU computes every page's addresses (cc/page_address.h). Host work grows with
 // chunks times tensors, not with pages.
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -126,8 +127,8 @@ void UnitCopies(const PageLayout& layout, const int64_t* block_ids,
 // their first page, a chunk's tensors together in a chunk-major group, tensor by tensor
 // in a tensor-major one. Beside a model a copy engine's rate falls with the spread of the
 // GPU pages it reads in a row (docs/studies.md#dma-address-spread).
-std::vector<int32_t> DmaOrder(const PageLayout& layout, const int64_t* block_ids,
-                              const std::vector<Segment>& segments);
+std::vector<size_t> DmaOrder(const PageLayout& layout, const int64_t* block_ids,
+                             const std::vector<Segment>& segments);
 
 // The job as plain DMA: copy i moves size[i] bytes between gpu[i] and host[i]; one copy
 // per page, in DmaOrder, pages that follow each other on both sides merged, never across

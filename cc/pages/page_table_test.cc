@@ -457,34 +457,47 @@ void TestDmaIsThePagesMerged(std::mt19937_64& rng) {
   EXPECT(dma.size == std::vector<int64_t>({page, page}));
 }
 
-// Copies go group by group in ascending GPU block ids, a chunk's tensors in order in a
-// chunk-major group, tensor by tensor in a tensor-major one, whatever the job's order.
+// Copies go group by group, each chunk by the GPU block id of its first page, whatever
+// the job's order: a chunk's tensors together and in order in a chunk-major group,
+// tensor by tensor in a tensor-major one.
 void TestDmaGoesByBlock(std::mt19937_64& rng) {
-  int64_t checked = 0;
-  for (int trial = 0; trial < 300; ++trial) {
+  int64_t checked = 0, several_blocks_a_chunk = 0;
+  for (int trial = 0; trial < 600; ++trial) {
     RandomCase c = MakeCase(rng);
-    if (c.bpc != 1) continue;
     PageLayout layout(c.refs, c.group_refs, c.gpu_blocks, c.cpu_chunks, c.bpc);
     const PageJob job = JobOf(c);
     ValidateJob(layout, job);
+    // Per group, chunk id -> the block id of the chunk's first page in this job.
+    std::vector<std::map<int64_t, int64_t>> first_block(layout.groups());
+    int64_t block_at = 0, chunk_at = 0;
+    for (int64_t g = 0; g < layout.groups(); ++g) {
+      const int64_t n = c.group_sizes[g], skip = c.block_indices[g] % c.bpc;
+      for (int64_t i = 0; i < n; ++i) {
+        first_block[g].emplace(c.chunk_ids[chunk_at + (skip + i) / c.bpc], c.block_ids[block_at + i]);
+      }
+      block_at += n;
+      chunk_at += ChunksUsed(n, c.block_indices[g], c.bpc);
+    }
     std::vector<Segment> segments;
     BuildSegments(layout, job, segments);
     PageDma dma;
     BuildPageDma(layout, c.block_ids.data(), segments, dma);
     std::tuple<int64_t, int64_t, int64_t, int64_t> last{-1, -1, -1, -1};
-    for (const int64_t gpu : dma.gpu) {
+    for (size_t i = 0; i < dma.gpu.size(); ++i) {
       int64_t g = 0, r = 0;
-      while (r + 1 < static_cast<int64_t>(c.refs.size()) && c.refs[r + 1].gpu_base <= gpu) ++r;
+      while (r + 1 < static_cast<int64_t>(c.refs.size()) && c.refs[r + 1].gpu_base <= dma.gpu[i]) ++r;
       while (layout.end_ref(g) <= r) ++g;
-      const int64_t block = (gpu - c.refs[r].gpu_base) / c.refs[r].gpu_stride;
+      const int64_t chunk = (dma.host[i] - c.refs[r].cpu_base) / c.refs[r].cpu_stride;
+      const int64_t block = first_block[g].at(chunk);
       const auto at = layout.chunk_major(g) ? std::make_tuple(g, int64_t{0}, block, r)
                                             : std::make_tuple(g, r, block, int64_t{0});
-      EXPECT(last < at);
+      EXPECT(last <= at);
       last = at;
       ++checked;
+      several_blocks_a_chunk += c.bpc > 1;
     }
   }
-  EXPECT(checked > 100);
+  EXPECT(checked > 1000 && several_blocks_a_chunk > 500);
 }
 
 }  // namespace
