@@ -125,8 +125,8 @@ void UnitCopies(const PageLayout& layout, const int64_t* block_ids,
 
 // The order in which BuildPageDma takes segments: group by group, by the GPU block id of
 // their first page, a chunk's tensors together in a chunk-major group, tensor by tensor
-// in a tensor-major one. Beside a model a copy engine's rate falls with the spread of the
-// GPU pages it reads in a row (docs/studies.md#dma-address-spread).
+// in a tensor-major one. Beside a model a copy engine's rate falls with the span of memory
+// its copies touch (docs/studies.md#dma-address-spread).
 std::vector<size_t> DmaOrder(const PageLayout& layout, const int64_t* block_ids,
                              const std::vector<Segment>& segments);
 
