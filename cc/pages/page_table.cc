@@ -428,23 +428,26 @@ void UnitCopies(const PageLayout& layout, const int64_t* block_ids,
   }
 }
 
-std::vector<size_t> DmaOrder(const PageLayout& layout, const int64_t* block_ids,
-                             const std::vector<Segment>& segments) {
-  // Runs of segments that move together: a chunk's tensors in a chunk-major group (the
-  // segments of one chunk follow each other and share their first block), else one
-  // segment. Sorting runs, not segments, keeps the host's time a copy small.
-  struct Run {
-    int64_t group, ref, block;
-    size_t first, end;
-    bool operator<(const Run& o) const {
-      return std::tie(group, ref, block) < std::tie(o.group, o.ref, o.block);
-    }
-  };
+namespace {
+
+// Segments that BuildPageDma takes together, in turn: a chunk's tensors in a chunk-major
+// group (the segments of one chunk follow each other and share their first block), else
+// one segment. Sorting runs, not segments, keeps the host's time a copy small.
+struct DmaRun {
+  int64_t group, ref, block;
+  size_t first, end;
+  bool operator<(const DmaRun& o) const {
+    return std::tie(group, ref, block) < std::tie(o.group, o.ref, o.block);
+  }
+};
+
+std::vector<DmaRun> DmaRuns(const PageLayout& layout, const int64_t* block_ids,
+                            const std::vector<Segment>& segments) {
   std::vector<int64_t> group_of(layout.refs().size());
   for (int64_t g = 0; g < layout.groups(); ++g) {
     std::fill(group_of.begin() + layout.first_ref(g), group_of.begin() + layout.end_ref(g), g);
   }
-  std::vector<Run> runs;
+  std::vector<DmaRun> runs;
   for (size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
     const int64_t g = group_of[s.ref];
@@ -453,17 +456,14 @@ std::vector<size_t> DmaOrder(const PageLayout& layout, const int64_t* block_ids,
         segments[runs.back().first].first_block == s.first_block) {
       runs.back().end = i + 1;
     } else {
-      runs.push_back(Run{g, chunk_major ? 0 : s.ref, block_ids[s.first_block], i, i + 1});
+      runs.push_back(DmaRun{g, chunk_major ? 0 : s.ref, block_ids[s.first_block], i, i + 1});
     }
   }
   std::stable_sort(runs.begin(), runs.end());
-  std::vector<size_t> order;
-  order.reserve(segments.size());
-  for (const Run& r : runs) {
-    for (size_t i = r.first; i < r.end; ++i) order.push_back(i);
-  }
-  return order;
+  return runs;
 }
+
+}  // namespace
 
 void BuildPageDma(const PageLayout& layout, const int64_t* block_ids,
                   const std::vector<Segment>& segments, PageDma& out) {
@@ -471,23 +471,25 @@ void BuildPageDma(const PageLayout& layout, const int64_t* block_ids,
   out.host.clear();
   out.size.clear();
   int32_t last_ref = -1;
-  for (const size_t i : DmaOrder(layout, block_ids, segments)) {
-    const Segment& s = segments[i];
-    const TensorRef& ref = layout.refs()[s.ref];
-    for (int32_t k = 0; k < s.pages; ++k) {
-      const UnitPlace first = PlaceUnit(ref, block_ids, s, k * UnitsPerPage(ref.page_bytes));
-      const int64_t gpu = first.gpu, host = s.host + (first.job_byte - s.first_byte);
-      // Pages of one tensor only: two tensors may be separate, adjacent allocations,
-      // which one copy may not span.
-      if (s.ref == last_ref && out.gpu.back() + out.size.back() == gpu &&
-          out.host.back() + out.size.back() == host && !layout.host_break(host)) {
-        out.size.back() += ref.page_bytes;
-      } else {
-        out.gpu.push_back(gpu);
-        out.host.push_back(host);
-        out.size.push_back(ref.page_bytes);
+  for (const DmaRun& run : DmaRuns(layout, block_ids, segments)) {
+    for (size_t i = run.first; i < run.end; ++i) {
+      const Segment& s = segments[i];
+      const TensorRef& ref = layout.refs()[s.ref];
+      for (int32_t k = 0; k < s.pages; ++k) {
+        const UnitPlace first = PlaceUnit(ref, block_ids, s, k * UnitsPerPage(ref.page_bytes));
+        const int64_t gpu = first.gpu, host = s.host + (first.job_byte - s.first_byte);
+        // Pages of one tensor only: two tensors may be separate, adjacent allocations,
+        // which one copy may not span.
+        if (s.ref == last_ref && out.gpu.back() + out.size.back() == gpu &&
+            out.host.back() + out.size.back() == host && !layout.host_break(host)) {
+          out.size.back() += ref.page_bytes;
+        } else {
+          out.gpu.push_back(gpu);
+          out.host.push_back(host);
+          out.size.push_back(ref.page_bytes);
+        }
+        last_ref = s.ref;
       }
-      last_ref = s.ref;
     }
   }
 }

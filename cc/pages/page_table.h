@@ -7,7 +7,6 @@
 // the GPU computes every page's addresses (cc/page_address.h). Host work grows with
 // chunks times tensors, not with pages.
 
-#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -123,16 +122,12 @@ void UnitCopies(const PageLayout& layout, const int64_t* block_ids,
                 const std::vector<Segment>& segments, int64_t total_units,
                 std::vector<int64_t>& gpu, std::vector<int64_t>& host, std::vector<int64_t>& size);
 
-// The order in which BuildPageDma takes segments: group by group, by the GPU block id of
-// their first page, a chunk's tensors together in a chunk-major group, tensor by tensor
-// in a tensor-major one. Beside a model a copy engine's rate falls with the span of memory
-// its copies touch (docs/studies.md#dma-address-spread).
-std::vector<size_t> DmaOrder(const PageLayout& layout, const int64_t* block_ids,
-                             const std::vector<Segment>& segments);
-
 // The job as plain DMA: copy i moves size[i] bytes between gpu[i] and host[i]; one copy
-// per page, in DmaOrder, pages that follow each other on both sides merged, never across
-// a host break.
+// per page, pages that follow each other on both sides merged, never across a host break.
+// Segments go group by group, by the GPU block id of their first page, a chunk's tensors
+// together in a chunk-major group, tensor by tensor in a tensor-major one. Beside a model
+// a copy engine's rate falls with the span of memory its copies touch
+// (docs/studies.md#dma-address-spread).
 struct PageDma {
   std::vector<int64_t> gpu, host, size;
 };
