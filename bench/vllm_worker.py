@@ -33,6 +33,8 @@ flags.DEFINE_list("directions", list(DIRECTIONS), "store, load, both.")
 flags.DEFINE_integer("steps", None, "Counted steps a window (default: kvoffload.meter's).")
 flags.DEFINE_integer("rounds", meter.ROUNDS, "Busy windows per source.")
 flags.DEFINE_float("alone_seconds", 1.0, "Seconds each source runs alone.")
+flags.DEFINE_enum("workload", "model", ["model", "decode"], "The loop beside the copies "
+                  "(kvoffload.compute_loop).")
 flags.DEFINE_bool("beside", True, "Also measure each source beside the model loop (else alone only).")
 flags.DEFINE_integer("dropped_handlers", 0, "kvoffload workers made, used and shut down in this "
                      "process before each layout's measured ones (a server that has restarted its "
@@ -148,7 +150,7 @@ def main(argv):
     else:
         if FLAGS.beside:
             from kvoffload import compute_loop
-            loop = compute_loop.ComputeLoop(torch, "model")
+            loop = compute_loop.ComputeLoop(torch, FLAGS.workload)
         peer = vllm_peer.install(torch)
     for layout in FLAGS.layouts:
         row_bytes, refs, n, blocks = LAYOUTS[layout]
@@ -188,7 +190,7 @@ def main(argv):
                 sources[(method, direction)] = lambda w=worker, d=direction: WorkerCopies(w, specs[d], d)
         base = dict(layout=layout, tensors=len(row_bytes), page_bytes=max(page_bytes), groups=groups,
                     blocks_per_job=n, job_mib=job_bytes / 2**20, connections=connections, process=process,
-                    dropped_handlers=FLAGS.dropped_handlers)
+                    dropped_handlers=FLAGS.dropped_handlers, workload=FLAGS.workload)
         alone = {key: meter.alone(make(), FLAGS.alone_seconds) for key, make in sources.items()}
         for (method, direction), rate in alone.items():
             print(f"{layout:<12} {method:<13} {direction:<6} alone {rate:6.1f} GB/s")
@@ -225,12 +227,12 @@ def write(torch, rows, loop):
     path = os.path.join(os.environ.get("BUILD_WORKSPACE_DIRECTORY", "."), FLAGS.out)
     meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
                 device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                step_seconds=loop.step_seconds if loop else None, steps=FLAGS.steps,
+                workload=FLAGS.workload, step_seconds=loop.step_seconds if loop else None, steps=FLAGS.steps,
                 rounds=FLAGS.rounds, noise=meter.NOISE, warm_seconds=meter.WARM_SECONDS,
                 dma_from_page_bytes={d.value: b for d, b in page_methods.DMA_FROM_PAGE_BYTES.items()},
                 note="kvoffload.meter: each source kept in flight (two jobs per direction, fed from "
-                     "a thread of their own) through windows of at least 100 steps of the Llama-shaped "
-                     "layer loop, each between idle windows; "
+                     "a thread of their own) through windows of at least 100 steps of the loop of "
+                     "kvoffload.compute_loop named in workload, each between idle windows; "
                      "step_slowdown against them, idle_drift their difference. vllm_worker is vLLM "
                      "0.33's CPUOffloadingWorker with bench/vllm_peer.py's stand-in op.")
     with open(path, "w") as f:

@@ -111,3 +111,18 @@ def test_a_failing_source_is_raised_and_the_loop_still_runs(loop):
     with pytest.raises(RuntimeError, match="enqueue failed"):
         meter.measure(loop, {"fails": Fails}, steps=10, rounds=1, margin=4)
     assert len(loop._steps(3)) == 3
+
+
+@pytest.mark.parametrize("workload", compute_loop.WORKLOADS)
+def test_every_workload_is_a_loop_the_meter_runs(workload):
+    loop = compute_loop.ComputeLoop(torch, workload)
+    assert loop.step_seconds > 0
+    made = []
+
+    def make():
+        made.append(Nothing())
+        return made[-1]
+
+    got = meter.measure(loop, {"a": make}, steps=10, rounds=2, margin=4, warm=0)
+    assert len(made) == 2 and all(c.top_ups > 0 for c in made)
+    assert len(got["a"].windows) == 2

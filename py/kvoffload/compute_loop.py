@@ -4,13 +4,19 @@ that the host enqueues a step in microseconds.
 Workloads:
 - ``model``: MODEL_LAYERS Llama-3.1-8B-shaped prefill layers (4096 tokens, 32 query / 8
   KV heads of 128, MLP 14336, RMSNorm, causal SDPA, bf16, random weights);
+- ``decode``: DECODE_LAYERS Llama-3.1-8B-shaped decode layers (64 sequences of 2048
+  tokens of KV cache each, bf16): bound by HBM, as a server's decode steps are;
 - ``gemm``: bf16 8192^3 matrix products, four per step.
+
+On the H200 the ``model`` loop runs at the board's power limit, where the clocks wander
+with the power controller; ``decode`` stays under it (docs/measuring.md).
 """
 
 from __future__ import annotations
 
-WORKLOADS = ("model", "gemm")
+WORKLOADS = ("model", "decode", "gemm")
 MODEL_LAYERS = 4  # a model step: enough layers that a step's launch is a small part of it
+DECODE_LAYERS = 8
 
 
 def _model_step(torch, device):
@@ -38,6 +44,30 @@ def _model_step(torch, device):
     return lambda: [layer() for _ in range(MODEL_LAYERS)]
 
 
+def _decode_step(torch, device):
+    seqs, context, hidden, heads, kv_heads, head_dim, mlp = 64, 2048, 4096, 32, 8, 128, 14336
+    bf16 = dict(dtype=torch.bfloat16, device=device)
+    scale = hidden ** -0.5
+    w = {name: torch.randn(shape, **bf16) * scale for name, shape in {
+        "qkv": (hidden, (heads + 2 * kv_heads) * head_dim), "o": (heads * head_dim, hidden),
+        "gate_up": (hidden, 2 * mlp), "down": (mlp, hidden)}.items()}
+    norm = torch.ones(hidden, **bf16)
+    k = torch.randn(seqs, kv_heads, context, head_dim, **bf16)
+    v = torch.randn(seqs, kv_heads, context, head_dim, **bf16)
+    x = torch.randn(seqs, hidden, **bf16)
+    F = torch.nn.functional
+
+    def layer():
+        h = F.rms_norm(x, (hidden,), norm)
+        q = (h @ w["qkv"])[:, :heads * head_dim].view(seqs, heads, 1, head_dim)
+        a = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        h = x + a.reshape(seqs, heads * head_dim) @ w["o"]
+        gate_up = F.rms_norm(h, (hidden,), norm) @ w["gate_up"]
+        return h + (F.silu(gate_up[:, :mlp]) * gate_up[:, mlp:]) @ w["down"]
+
+    return lambda: [layer() for _ in range(DECODE_LAYERS)]
+
+
 def _gemm_step(torch, device):
     a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
     b = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
@@ -53,7 +83,8 @@ class ComputeLoop:
         self.torch, self.workload = torch, workload
         self.stream = torch.cuda.Stream(device)
         # The step (and the tensors it closes over) lives as long as its graph.
-        self._step = step = (_model_step if workload == "model" else _gemm_step)(torch, device)
+        steps = {"model": _model_step, "decode": _decode_step, "gemm": _gemm_step}
+        self._step = step = steps[workload](torch, device)
         with torch.cuda.stream(self.stream):
             step()  # warm-up outside capture (library handles, autotuning)
         self.stream.synchronize()
