@@ -50,7 +50,7 @@ flags.DEFINE_integer("kernel_ctas", KERNEL_CTAS, "CTA budget of the copy kernel.
 flags.DEFINE_integer("staged_ctas", STAGED_CTAS, "CTA budget of the staged copy's gather/scatter kernel.")
 flags.DEFINE_integer("slot_mib", STAGED_SLOT_BYTES >> 20, "Staging slot size, MiB.")
 flags.DEFINE_integer("slots", STAGED_SLOTS, "Staging slots.")
-flags.DEFINE_list("interference", [], "Compute loops (model, gemm; kvoffload.compute_loop) beside "
+flags.DEFINE_list("interference", [], "Compute loops (model, decode, gemm; kvoffload.compute_loop) beside "
                   "which to also run each method, at --interference_kib, reporting its step slowdown.")
 flags.DEFINE_list("interference_kib", ["4", "16"], "Block sizes measured beside compute.")
 flags.DEFINE_list("interference_methods", ["batch_any", "kernel", "staged", "auto", "pages_staged",

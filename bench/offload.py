@@ -43,7 +43,7 @@ flags.DEFINE_list("methods", ["auto", "batch"], "Handler copy methods to compare
                   "pages_ctasN and pages_kernel_ctasN are those methods with Pages(ctas=N).")
 flags.DEFINE_bool("concurrent", False, "Also run stores and loads at once.")
 flags.DEFINE_list("devices", [], "GPUs to run one handler each on, at once (e.g. 0,1).")
-flags.DEFINE_list("interference", [], "Compute loops (model, gemm; kvoffload.compute_loop) beside "
+flags.DEFINE_list("interference", [], "Compute loops (model, decode, gemm; kvoffload.compute_loop) beside "
                   "which to also run each method's stores and loads, reporting the step slowdown.")
 
 # name -> [(layers, kv heads, head dim)] per group; K and V are separate tensors.
