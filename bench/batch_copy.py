@@ -7,7 +7,7 @@ Methods: one bulk copy of everything; the per-copy cudaMemcpyAsync loop (vLLM's
 swap_blocks); cuMemcpyBatchAsync with STREAM (vLLM's stores) and with ANY (vLLM's
 loads); kvoffload's raw-pointer kernel, staged and auto copies; and its id-addressed
 page copies (kvoffload.page_table, staged and direct), given the same blocks as block
-and chunk ids. With --interference=model,gemm each method is also kept in flight beside a
+and chunk ids. With --interference=model,decode,gemm each method is also kept in flight beside a
 compute loop on kvoffload.meter, with bulk copies beside it as the reference of the same
 run. Without a GPU it measures the host path instead, and says so.
 """

@@ -35,7 +35,7 @@ flags.DEFINE_integer("rounds", meter.ROUNDS, "Busy windows per source.")
 flags.DEFINE_float("alone_seconds", 1.0, "Seconds each source runs alone.")
 flags.DEFINE_enum("workload", "model", ["model", "decode"], "The loop beside the copies "
                   "(kvoffload.compute_loop).")
-flags.DEFINE_bool("beside", True, "Also measure each source beside the model loop (else alone only).")
+flags.DEFINE_bool("beside", True, "Also measure each source beside the --workload loop (else alone only).")
 flags.DEFINE_integer("dropped_handlers", 0, "kvoffload workers made, used and shut down in this "
                      "process before each layout's measured ones (a server that has restarted its "
                      "offloading).", lower_bound=0)

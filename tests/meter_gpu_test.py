@@ -1,6 +1,7 @@
 """kvoffload.meter and its copy sources on a GPU: the bytes arrive, every source gets its
 windows between idle ones, copies cover their windows, a loop left dry by host work is
-seen, a failing source is raised, and the arguments are checked."""
+seen, a failing source is raised, the arguments are checked, and every workload runs
+under the meter."""
 
 import pytest
 import torch

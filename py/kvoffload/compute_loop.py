@@ -5,7 +5,8 @@ Workloads:
 - ``model``: MODEL_LAYERS Llama-3.1-8B-shaped prefill layers (4096 tokens, 32 query / 8
   KV heads of 128, MLP 14336, RMSNorm, causal SDPA, bf16, random weights);
 - ``decode``: DECODE_LAYERS Llama-3.1-8B-shaped decode layers (64 sequences of 2048
-  tokens of KV cache each, bf16): bound by HBM, as a server's decode steps are;
+  tokens of KV cache each, bf16): bound by HBM, as a server's decode steps are. The
+  layers share one KV cache (537 MB) and one set of weights, each far larger than L2;
 - ``gemm``: bf16 8192^3 matrix products, four per step.
 
 On the H200 the ``model`` loop runs at the board's power limit, where the clocks wander
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 WORKLOADS = ("model", "decode", "gemm")
 MODEL_LAYERS = 4  # a model step: enough layers that a step's launch is a small part of it
-DECODE_LAYERS = 8
+DECODE_LAYERS = 8  # one KV cache and one set of weights, read by every layer
 
 
 def _model_step(torch, device):
