@@ -20,7 +20,7 @@ import numpy as np
 from absl import app, flags
 
 import vllm_peer
-from kvoffload import meter, page_methods
+from kvoffload import compute_loop, meter, page_methods
 from kvoffload.steady_copies import DIRECTIONS, BulkCopies, WorkerCopies
 
 FLAGS = flags.FLAGS
@@ -33,7 +33,7 @@ flags.DEFINE_list("directions", list(DIRECTIONS), "store, load, both.")
 flags.DEFINE_integer("steps", None, "Counted steps a window (default: kvoffload.meter's).")
 flags.DEFINE_integer("rounds", meter.ROUNDS, "Busy windows per source.")
 flags.DEFINE_float("alone_seconds", 1.0, "Seconds each source runs alone.")
-flags.DEFINE_enum("workload", "model", ["model", "decode"], "The loop beside the copies "
+flags.DEFINE_enum("workload", "model", list(compute_loop.WORKLOADS), "The loop beside the copies "
                   "(kvoffload.compute_loop).")
 flags.DEFINE_bool("beside", True, "Also measure each source beside the --workload loop (else alone only).")
 flags.DEFINE_integer("dropped_handlers", 0, "kvoffload workers made, used and shut down in this "
@@ -149,7 +149,6 @@ def main(argv):
         print("no GPU: running kvoffload's host path on a small cache, not the PCIe link")
     else:
         if FLAGS.beside:
-            from kvoffload import compute_loop
             loop = compute_loop.ComputeLoop(torch, FLAGS.workload)
         peer = vllm_peer.install(torch)
     for layout in FLAGS.layouts:
