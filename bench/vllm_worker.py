@@ -20,7 +20,7 @@ import numpy as np
 from absl import app, flags
 
 import vllm_peer
-from kvoffload import compute_loop, meter, page_methods
+from kvoffload import compute_loop, meter, page_methods, pool_layout
 from kvoffload.steady_copies import DIRECTIONS, BulkCopies, WorkerCopies
 
 FLAGS = flags.FLAGS
@@ -35,6 +35,8 @@ flags.DEFINE_integer("rounds", meter.ROUNDS, "Busy windows per source.")
 flags.DEFINE_float("alone_seconds", 1.0, "Seconds each source runs alone.")
 flags.DEFINE_enum("workload", "model", list(compute_loop.WORKLOADS), "The loop beside the copies "
                   "(kvoffload.compute_loop).")
+flags.DEFINE_enum("cpu_layout", "chunk_major", list(pool_layout.CPU_LAYOUTS), "The host layout of "
+                  "kvoffload's workers (vLLM's worker keeps a CPU tensor per GPU tensor: per_tensor).")
 flags.DEFINE_bool("beside", True, "Also measure each source beside the --workload loop (else alone only).")
 flags.DEFINE_integer("dropped_handlers", 0, "kvoffload workers made, used and shut down in this "
                      "process before each layout's measured ones (a server that has restarted its "
@@ -173,7 +175,8 @@ def main(argv):
                 workers[method] = region_worker(cache, row_bytes, blocks)
             else:
                 chosen_method = batch_per_job() if method == "batch_per_job" else page_method(method)
-                workers[method] = KVOffloadWorker(cache, 1, blocks, **({"method": chosen_method} if gpu else {}))
+                workers[method] = KVOffloadWorker(cache, 1, blocks, cpu_layout=FLAGS.cpu_layout,
+                                                  **({"method": chosen_method} if gpu else {}))
         default = KVOffloadWorker(cache, 1, blocks) if gpu else None
         chosen = default.handler.methods if gpu else {"store": "host", "load": "host"}
         if default is not None:
@@ -189,7 +192,7 @@ def main(argv):
                 sources[(method, direction)] = lambda w=worker, d=direction: WorkerCopies(w, specs[d], d)
         base = dict(layout=layout, tensors=len(row_bytes), page_bytes=max(page_bytes), groups=groups,
                     blocks_per_job=n, job_mib=job_bytes / 2**20, connections=connections, process=process,
-                    dropped_handlers=FLAGS.dropped_handlers, workload=FLAGS.workload)
+                    dropped_handlers=FLAGS.dropped_handlers, workload=FLAGS.workload, cpu_layout=FLAGS.cpu_layout)
         alone = {key: meter.alone(make(), FLAGS.alone_seconds) for key, make in sources.items()}
         for (method, direction), rate in alone.items():
             print(f"{layout:<12} {method:<13} {direction:<6} alone {rate:6.1f} GB/s")

@@ -145,7 +145,8 @@ def test_measured_once_then_read_back_beside_the_raw_pointer_entry(machine, monk
     assert measured == [0, 0]
 
 
-@pytest.mark.parametrize("format, key", [(0, "fake GPU 0 | pages"), (2, "fake GPU 0")])  # 2: keyed without the suffix
+@pytest.mark.parametrize("format, key", [(0, "fake GPU 0 | pages"), (2, "fake GPU 0"),  # 2: keyed without the suffix
+                                         (3, "fake GPU 0 | pages")])  # 3: beside the prefill loop
 def test_an_entry_of_another_format_is_measured_again(machine, format, key):
     file, measured = machine
     file.write_text(json.dumps({"fake GPU 0 | pages": dict(dataclasses.asdict(fake(key)), format=format)}))

@@ -3,7 +3,7 @@
 For every candidate (kvoffload.copy_methods.CANDIDATES: each method with its defaults, and
 the copy kernel on fewer CTAs), direction and block size (4 KiB to 2 MiB) it
 times the method alone, with the host side scattered and in runs; at a few sizes it
-also keeps it in flight beside the Llama-shaped layer loop on kvoffload.meter and records
+also keeps it in flight beside the loop of kvoffload.meter.CALIBRATION_WORKLOAD and records
 its rate there and the loop's step slowdown.
 Measured on the device it describes, cached in a JSON file ($KVOFFLOAD_CALIBRATION, else
 ~/.cache/kvoffload/calibration.json) under that device's name, driver, PCIe link and
@@ -42,7 +42,7 @@ SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20]
 BESIDE_SIZES = [4 << 10, 64 << 10, 2 << 20]
 PATTERNS = ("scattered", "host_runs")
 RUN_BYTES = 256 << 10
-FORMAT = 10  # entries of another format (10: beside the loop on kvoffload.meter) are measured again
+FORMAT = 11  # entries of another format (11: beside meter.CALIBRATION_WORKLOAD) are measured again
 
 
 def path() -> pathlib.Path:
@@ -189,7 +189,7 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
                         moved / min(seconds(copy(method, direction, b, pattern)) for _ in range(2)) / 1e9
                         for b in SIZES]
         if beside:
-            loop = compute_loop.ComputeLoop(torch, "model", f"cuda:{device}")
+            loop = compute_loop.ComputeLoop(torch, meter.CALIBRATION_WORKLOAD, f"cuda:{device}")
 
             def source(method, direction, block):
                 pattern = "host_runs" if CANDIDATES[method].name == "staged" else "scattered"

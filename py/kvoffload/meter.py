@@ -40,6 +40,9 @@ MARGIN_SECONDS = 0.15  # uncounted before each window: copies ramp up or drain
 WARM_SECONDS = 8.0
 ROUNDS = 2
 NOISE = 0.003  # |idle drift| above this in a window marks the result noisy
+# The calibrations' loop (kvoffload.compute_loop): on the H200 the prefill loop ("model")
+# runs at the power limit and its idle drift reaches the effects judged; decode does not.
+CALIBRATION_WORKLOAD = "decode"
 POLL_SECONDS = 1e-4
 
 

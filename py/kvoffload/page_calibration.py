@@ -3,7 +3,7 @@ direction: what kvoffload.Pages(max_slowdown=...) chooses by.
 
 At each of PAGE_BYTES it makes a handler per path (DMA, the staging ring) over TENSORS
 tensors of that page, keeps its jobs (JOB_BYTES each, disjoint, two in flight) beside the
-Llama-shaped layer loop on kvoffload.meter, with bulk copies in the same run, and
+loop of kvoffload.meter.CALIBRATION_WORKLOAD, with bulk copies in the same run, and
 records each path's rate alone and beside the loop and the loop's step slowdown over the
 bulk copies'. Cached beside the raw-pointer calibration (kvoffload.calibration: the same file
 and lock) under the device's key and "pages", and measured again by
@@ -43,7 +43,7 @@ class PageCalibration:
     over_bulk: dict[str, list[float]]  # step slowdown less the bulk copies'
     noisy: dict[str, list[bool]]  # |idle drift| over kvoffload.meter.NOISE, copies short of a window, or dry steps
     bulk_slowdown: dict[str, float]  # direction -> the bulk copies' step slowdown
-    FORMAT: ClassVar[int] = 3  # 3: keyed by the entry's own key, suffix and all
+    FORMAT: ClassVar[int] = 4  # 4: beside meter.CALIBRATION_WORKLOAD (3: the prefill loop)
     MODULE: ClassVar[str] = "kvoffload.page_calibration"  # whose --recalibrate measures it
     NEEDED_BY: ClassVar[str] = "Pages(max_slowdown)"
 
@@ -175,7 +175,7 @@ def measure(device: int, job_bytes: int = JOB_BYTES, **windows) -> PageCalibrati
                 sources["bulk", d, 0] = lambda bulk=bulk: bulk
             # Alone first: a handler's first jobs load its kernels and make its rings.
             rates = {key: meter.alone(make(), seconds=0.3, warm_seconds=0.2) for key, make in sources.items()}
-            loop = compute_loop.ComputeLoop(torch, "model", where)
+            loop = compute_loop.ComputeLoop(torch, meter.CALIBRATION_WORKLOAD, where)
             got = meter.measure(loop, sources, **windows)
         finally:
             for handler in handlers:
