@@ -35,8 +35,8 @@ flags.DEFINE_integer("rounds", meter.ROUNDS, "Busy windows per source.")
 flags.DEFINE_float("alone_seconds", 1.0, "Seconds each source runs alone.")
 flags.DEFINE_enum("workload", "model", list(compute_loop.WORKLOADS), "The loop beside the copies "
                   "(kvoffload.compute_loop).")
-flags.DEFINE_enum("cpu_layout", "chunk_major", list(pool_layout.CPU_LAYOUTS), "The host layout of "
-                  "kvoffload's workers (vLLM's worker keeps a CPU tensor per GPU tensor: per_tensor).")
+flags.DEFINE_enum("cpu_layout", None, list(pool_layout.CPU_LAYOUTS), "The host layout of kvoffload's "
+                  "workers (default: the handler's; vLLM's worker keeps a CPU tensor per GPU tensor).")
 flags.DEFINE_bool("beside", True, "Also measure each source beside the --workload loop (else alone only).")
 flags.DEFINE_integer("dropped_handlers", 0, "kvoffload workers made, used and shut down in this "
                      "process before each layout's measured ones (a server that has restarted its "
@@ -192,7 +192,7 @@ def main(argv):
                 sources[(method, direction)] = lambda w=worker, d=direction: WorkerCopies(w, specs[d], d)
         base = dict(layout=layout, tensors=len(row_bytes), page_bytes=max(page_bytes), groups=groups,
                     blocks_per_job=n, job_mib=job_bytes / 2**20, connections=connections, process=process,
-                    dropped_handlers=FLAGS.dropped_handlers, workload=FLAGS.workload, cpu_layout=FLAGS.cpu_layout)
+                    dropped_handlers=FLAGS.dropped_handlers, workload=FLAGS.workload)
         alone = {key: meter.alone(make(), FLAGS.alone_seconds) for key, make in sources.items()}
         for (method, direction), rate in alone.items():
             print(f"{layout:<12} {method:<13} {direction:<6} alone {rate:6.1f} GB/s")
@@ -202,6 +202,7 @@ def main(argv):
             handler = getattr(workers.get(method), "handler", None)
             paths = handler.methods if handler is not None else None
             row = dict(base, method=method, direction=direction, gb_per_s=rate,
+                       cpu_layout=getattr(handler, "cpu_layout", None),
                        paths=None if paths is None else paths["store"] if direction == "store"
                        else paths["load"] if direction == "load" else f"{paths['store']}/{paths['load']}",
                        chosen=chosen["store" if direction == "store" else "load"] if direction != "both"

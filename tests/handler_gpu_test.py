@@ -39,6 +39,15 @@ def test_store_and_load_skipping_the_first_blocks_of_a_chunk(cpu_layout, page, b
     store_then_load_skipping_first_blocks("cuda", cpu_layout, page, bpc, method=method)
 
 
+@pytest.mark.parametrize("page, method, cpu_layout", [
+    (64 << 10, "pages", "per_tensor"), (4 << 10, "pages", "chunk_major"), (64 << 10, "pages_dma", "per_tensor"),
+    (64 << 10, "pages_staged", "chunk_major"), (64 << 10, "batch", "chunk_major")])
+@pytest.mark.parametrize("bpc", [1, 3])
+def test_the_default_pool_is_per_tensor_where_pages_go_by_dma(page, method, cpu_layout, bpc):
+    handler = store_then_load_skipping_first_blocks("cuda", None, page, bpc, method=method)
+    assert handler.cpu_layout == cpu_layout
+
+
 @pytest.mark.parametrize("expedite", [False, True])
 def test_multi_group_with_an_empty_and_an_unaligned_group(expedite):
     multi_group_with_an_empty_and_an_unaligned_group("cuda", "chunk_major", expedite)

@@ -33,6 +33,10 @@ def test_store_and_load_skipping_the_first_blocks_of_a_chunk(cpu_layout, page, b
     store_then_load_skipping_first_blocks("cpu", cpu_layout, page, bpc)
 
 
+def test_without_a_gpu_the_default_pool_is_chunk_major():
+    assert store_then_load_skipping_first_blocks("cpu", None, 64 << 10, 3).cpu_layout == "chunk_major"
+
+
 @pytest.mark.parametrize("cpu_layout", LAYOUTS)
 def test_multi_group_with_an_empty_and_an_unaligned_group(cpu_layout):
     multi_group_with_an_empty_and_an_unaligned_group("cpu", cpu_layout)

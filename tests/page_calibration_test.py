@@ -33,6 +33,10 @@ def fake(key="fake GPU 0 | pages", dma=(0.000, 0.001, 0.002), ring=(0.030, 0.020
     return PageCalibration(key, list(PAGES), alone, beside, over_bulk, noisy, {"store": 0.004, "load": 0.006})
 
 
+def pages(page, tensors=4):
+    return [[page] * tensors]
+
+
 def layout(page, tensors=4):
     gpu, cpu = 1 << 40, 1 << 30
     group = GroupLayout(tuple(TensorLayout(gpu + i * 64 * page, page, page, cpu + i * 64 * page, page)
@@ -52,7 +56,7 @@ def layout(page, tensors=4):
 def test_the_fastest_path_within_max_slowdown_wins(max_slowdown, page, path):
     cal = fake()
     assert page_calibration.choose(cal, page, max_slowdown) == path
-    assert page_methods.choose(kv.Pages(max_slowdown=max_slowdown), layout(page), cal=cal) == {
+    assert page_methods.choose(kv.Pages(max_slowdown=max_slowdown), pages(page), cal=cal) == {
         d: path for d in Direction}
 
 
@@ -101,9 +105,9 @@ def test_where_none_is_within_the_gentlest_wins_and_without_batch_copy_the_ring(
 def test_both_directions_take_one_path_within_in_both():
     cal = fake()
     cal.over_bulk["pages_staged load"] = [0.0, 0.0, 0.0]  # within for loads, not for stores
-    assert page_methods.choose(kv.Pages(max_slowdown=0.01), layout(4 << 10), cal=cal) == {d: DMA for d in Direction}
+    assert page_methods.choose(kv.Pages(max_slowdown=0.01), pages(4 << 10), cal=cal) == {d: DMA for d in Direction}
     cal.over_bulk["pages_staged store"] = [0.0, 0.0, 0.0]
-    assert page_methods.choose(kv.Pages(max_slowdown=0.01), layout(4 << 10), cal=cal) == {
+    assert page_methods.choose(kv.Pages(max_slowdown=0.01), pages(4 << 10), cal=cal) == {
         d: STAGED for d in Direction}
 
 
@@ -120,9 +124,9 @@ def test_a_max_slowdown_is_checked_and_needs_a_calibration():
         with pytest.raises(ValueError, match="max_slowdown: must be a number >= 0 or None"):
             kv.Pages(max_slowdown=bad)
     with pytest.raises(ValueError, match="cal: a page method with a max_slowdown chooses from a page calibration"):
-        page_methods.choose(kv.Pages(max_slowdown=0.01), layout(4096))
+        page_methods.choose(kv.Pages(max_slowdown=0.01), pages(4096))
     # The built-in choice and forced paths need none.
-    assert page_methods.choose(kv.Pages(), layout(64 << 10)) == {d: DMA for d in Direction}
+    assert page_methods.choose(kv.Pages(), pages(64 << 10)) == {d: DMA for d in Direction}
     assert kv.Pages(max_slowdown=0.01).name == "pages"
 
 

@@ -4,43 +4,39 @@ import pytest
 
 from kvoffload import page_methods
 from kvoffload.page_methods import DMA_FROM_PAGE_BYTES, PagePath
-from kvoffload.planner import GroupLayout, KVLayout, TensorLayout
 from kvoffload.vocabulary import Direction
-
-
-def layout(*pages_per_group):
-    groups, gpu, cpu = [], 1 << 40, 1 << 30
-    for pages in pages_per_group:
-        tensors = []
-        for page in pages:
-            tensors.append(TensorLayout(gpu, page, page, cpu, page))
-            gpu += 64 * page
-            cpu += 64 * page
-        groups.append(GroupLayout(tuple(tensors), 64, 64))
-    return KVLayout(tuple(groups), 1)
 
 
 @pytest.mark.parametrize("direction", list(Direction))
 def test_pages_at_or_above_the_threshold_go_by_dma_below_it_staged(direction):
     edge = DMA_FROM_PAGE_BYTES[direction]
-    assert page_methods.choose(page_methods.Pages(), layout([edge] * 3))[direction] == PagePath.DMA
-    assert page_methods.choose(page_methods.Pages(), layout([edge - 16] * 3))[direction] == PagePath.STAGED
+    assert page_methods.choose(page_methods.Pages(), [[edge] * 3])[direction] == PagePath.DMA
+    assert page_methods.choose(page_methods.Pages(), [[edge - 16] * 3])[direction] == PagePath.STAGED
     # The mean over every tensor of every group decides.
-    assert page_methods.choose(page_methods.Pages(), layout([edge // 2], [3 * edge // 2]))[direction] == PagePath.DMA
-    assert page_methods.choose(page_methods.Pages(), layout([edge // 2], [edge // 2, 3 * edge // 2 - 32]))[direction] \
+    assert page_methods.choose(page_methods.Pages(), [[edge // 2], [3 * edge // 2]])[direction] == PagePath.DMA
+    assert page_methods.choose(page_methods.Pages(), [[edge // 2], [edge // 2, 3 * edge // 2 - 32]])[direction] \
         == PagePath.STAGED
 
 
 def test_without_the_drivers_batch_copy_pages_keep_to_the_ring():
-    big = layout([1 << 20])
+    big = [[1 << 20]]
     assert page_methods.choose(page_methods.Pages(), big, batch_copy=False) == {d: PagePath.STAGED for d in Direction}
     assert page_methods.choose(page_methods.Pages(PagePath.DMA), big, batch_copy=False) == {d: PagePath.DMA for d in Direction}
 
 
 def test_a_forced_method_takes_its_path_both_ways_and_names_it_back():
     for name, path in page_methods.FORCED.items():
-        assert page_methods.choose(page_methods.Pages.named(name), layout([4096], [1 << 20])) == {d: path for d in Direction}
+        assert page_methods.choose(page_methods.Pages.named(name), [[4096], [1 << 20]]) == {d: path for d in Direction}
         assert page_methods.name(path) == name
+
+
+def test_the_pool_goes_per_tensor_only_where_dma_takes_both_ways():
+    DMA, STAGED, KERNEL = PagePath.DMA, PagePath.STAGED, PagePath.KERNEL
+    assert page_methods.cpu_layout({d: DMA for d in Direction}) == "per_tensor"
+    for other in (STAGED, KERNEL):
+        assert page_methods.cpu_layout({d: other for d in Direction}) == "chunk_major"
+        assert page_methods.cpu_layout({Direction.STORE: DMA, Direction.LOAD: other}) == "chunk_major"
+        assert page_methods.cpu_layout({Direction.STORE: other, Direction.LOAD: DMA}) == "chunk_major"
 
 
 def test_a_page_method_object_names_its_bad_options():

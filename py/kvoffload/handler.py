@@ -45,7 +45,7 @@ from typing import Hashable, Iterable, Sequence
 from kvoffload.batch_copy import load_kernels
 from kvoffload.host_pool import HostPool, PoolOptions
 from kvoffload.ints import is_int, require_int
-from kvoffload.job_methods import JobCopy, Method, job_method, method_object
+from kvoffload.job_methods import JobCopy, Method, cpu_layout_for, job_method, method_object
 from kvoffload.lane_accesses import LazyKeys
 from kvoffload.lane_conflicts import LaneConflicts
 from kvoffload.page_table import ChunkParts, job_arguments, job_names, key_offsets, page_table
@@ -196,7 +196,9 @@ class OffloadHandler:
     share its blocks and its CPU region. page_bytes[g]: bytes moved per block of group
     g's tensors, an int or one per tensor (default: the whole block). host_buffer: a CPU
     tensor to use (and page-lock) as the pool instead of allocating one; ``pool_bytes``
-    says how large it must be. cpu_places[g][t]: (offset, stride) of tensor t's chunks in
+    says how large it must be. cpu_layout: how the pool places the chunks
+    (kvoffload.pool_layout); None: "per_tensor" where the page jobs go by DMA both ways,
+    else "chunk_major" (kvoffload.page_methods.cpu_layout). cpu_places[g][t]: (offset, stride) of tensor t's chunks in
     host_buffer, for a pool laid out by someone else (kvoffload.pool_layout), in place of
     cpu_layout. host_pool: how the pool is made and pinned otherwise
     (kvoffload.host_pool.PoolOptions: shared, huge pages, in the background). method:
@@ -221,7 +223,7 @@ class OffloadHandler:
 
     def __init__(self, gpu_tensors: Sequence[Sequence], num_cpu_chunks: int | Sequence[int],
                  blocks_per_chunk: int, *, page_bytes: Sequence[int] | None = None,
-                 cpu_layout: str = "chunk_major", host_buffer=None, cpu_places=None,
+                 cpu_layout: str | None = None, host_buffer=None, cpu_places=None,
                  expedited_loads: bool = False, method: Method = "pages",
                  host_pool: PoolOptions | None = None):
         import torch
@@ -234,6 +236,9 @@ class OffloadHandler:
             raise TypeError(f"host_buffer: expected a CPU torch tensor, got {type(host_buffer).__name__}")
         pages = tensor_pages(gpu_tensors, page_bytes)
         method = method_object(method)
+        if cpu_layout is None and cpu_places is None:
+            cpu_layout = cpu_layout_for(method, device, pages)
+        self.cpu_layout = cpu_layout if cpu_places is None else None  # None: the caller's cpu_places
 
         on_gpu = device.type == "cuda"
         if on_gpu:

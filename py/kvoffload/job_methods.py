@@ -54,11 +54,23 @@ def job_method(method: Pages | Auto | CopyMethod, device, layout, table, pool, r
     if device.type != "cuda":
         return PlannedJobs(None, table, pool, MemoryKind.HOST)
     if isinstance(method, Pages):
-        cal = page_calibration.page_calibration(device.index) if method.max_slowdown is not None else None
-        return PageJobs(method, layout, table, registry, batch_entry_point_version() > 0, cal)
+        return PageJobs(method, layout, table, registry, batch_entry_point_version() > 0, _page_calibration(method, device))
     if isinstance(method, Auto):
         calibration.calibration(device.index)
     return PlannedJobs(method, table, pool, MemoryKind.DEVICE)
+
+
+def _page_calibration(method: Pages, device):
+    return page_calibration.page_calibration(device.index) if method.max_slowdown is not None else None
+
+
+def cpu_layout_for(method: Pages | Auto | CopyMethod, device, pages) -> str:
+    """The pool layout a handler on ``device`` with tensors of ``pages[g][t]`` page bytes
+    takes where it names none (page_methods.cpu_layout for a page method on a GPU)."""
+    if device.type != "cuda" or not isinstance(method, Pages):
+        return "chunk_major"
+    paths = page_methods.choose(method, pages, batch_entry_point_version() > 0, _page_calibration(method, device))
+    return page_methods.cpu_layout(paths)
 
 
 @dataclasses.dataclass
@@ -82,7 +94,7 @@ class PageJobs:
 
     def __init__(self, method: Pages, layout, table, registry, batch_copy: bool, cal=None):
         self._layout, self._table, self._ctas = layout, table, method.ctas
-        self.paths = page_methods.choose(method, layout, batch_copy, cal)
+        self.paths = page_methods.choose(method, page_methods.layout_pages(layout), batch_copy, cal)
         gpu_spans, cpu_spans = table.spans()
         tensors = [(g, t) for g, group in enumerate(layout.groups) for t in group.tensors]
         for (g, t), gpu_span, cpu_span in zip(tensors, gpu_spans.tolist(), cpu_spans.tolist()):
@@ -90,7 +102,7 @@ class PageJobs:
                 registry.check([t.gpu_base], [gpu_span], MemoryKind.DEVICE, f"group {g} GPU extent")
             if cpu_span:
                 registry.check([t.cpu_base], [cpu_span], MemoryKind.HOST, f"group {g} CPU extent")
-        page = page_methods.mean_page_bytes(layout)
+        page = page_methods.mean_page_bytes(page_methods.layout_pages(layout))
         for d in Direction if cal is not None else ():
             if cal.noisy_at(d, page):
                 logger.warning("kvoffload: the page calibration's %s figures near %.0f page bytes were "

@@ -28,10 +28,16 @@ DMA_FROM_PAGE_BYTES = {Direction.STORE: 20 << 10, Direction.LOAD: 20 << 10}
 PAGE_CTAS = _C.PAGE_COPY_CTAS  # the gather and scatter kernels' CTAs (cc/pages/page_copy.h)
 
 
-def mean_page_bytes(layout) -> float:
-    """The mean bytes of one tensor's page over every tensor of every group."""
-    pages = [t.page_bytes for group in layout.groups for t in group.tensors]
-    return sum(pages) / len(pages) if pages else 0.0
+def layout_pages(layout) -> list[list[int]]:
+    """A KVLayout's page bytes, [group][tensor]."""
+    return [[t.page_bytes for t in group.tensors] for group in layout.groups]
+
+
+def mean_page_bytes(pages) -> float:
+    """The mean bytes of one tensor's page over every tensor of every group, from
+    ``pages[g][t]``."""
+    flat = [page for group in pages for page in group]
+    return sum(flat) / len(flat) if flat else 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,13 +74,14 @@ class Pages:
         return "pages" if self.path is None else name(self.path)
 
 
-def choose(method: Pages, layout, batch_copy: bool = True, cal=None) -> dict[Direction, PagePath]:
-    """Each direction's path for a page method. batch_copy: whether the driver has
-    cuMemcpyBatchAsync; without it DMA goes one driver call a page, and "pages" keeps
-    to the ring. cal: the device's PageCalibration, for a method with a max_slowdown."""
+def choose(method: Pages, pages, batch_copy: bool = True, cal=None) -> dict[Direction, PagePath]:
+    """Each direction's path for a page method on tensors of ``pages[g][t]`` page bytes.
+    batch_copy: whether the driver has cuMemcpyBatchAsync; without it DMA goes one driver
+    call a page, and "pages" keeps to the ring. cal: the device's PageCalibration, for a
+    method with a max_slowdown."""
     if method.path is not None:
         return {d: method.path for d in Direction}
-    page = mean_page_bytes(layout)
+    page = mean_page_bytes(pages)
     if method.max_slowdown is not None:
         from kvoffload import page_calibration
 
@@ -84,6 +91,14 @@ def choose(method: Pages, layout, batch_copy: bool = True, cal=None) -> dict[Dir
         return {d: path for d in Direction}
     return {d: PagePath.DMA if batch_copy and page >= DMA_FROM_PAGE_BYTES[d] else PagePath.STAGED
             for d in Direction}
+
+
+def cpu_layout(paths: dict[Direction, PagePath]) -> str:
+    """The pool layout for a handler whose page jobs take ``paths`` and that names none:
+    each tensor's chunks together where DMA takes both ways (beside a model a copy engine
+    loses rate with the span its copies touch, docs/studies.md#dma-address-spread), else
+    chunk by chunk, whose chunks are the ring's host runs."""
+    return "per_tensor" if all(p == PagePath.DMA for p in paths.values()) else "chunk_major"
 
 
 def name(path) -> str:

@@ -2,11 +2,12 @@
 
 Layouts (``cpu_layout``):
 
-- ``"chunk_major"`` (default): for each group, chunk c is one contiguous run holding its
+- ``"chunk_major"``: for each group, chunk c is one contiguous run holding its
   ``blocks_per_chunk`` sub-blocks of tensor 0, then of tensor 1, and so on. A transfer's
-  host side is then a few large runs, one per chunk.
+  host side is then a few large runs, one per chunk: the staging ring's.
 - ``"per_tensor"``: vLLM's layout; each tensor has its own ``[num_chunks, blocks_per_chunk
-  * page]`` region.
+  * page]`` region. A handler takes it by default where its pages go by DMA
+  (kvoffload.page_methods.cpu_layout).
 
 Groups follow each other, each starting on a 4 KiB boundary. Groups that reference one
 tensor (hybrid models) share its region, laid out as one group holding every tensor they
