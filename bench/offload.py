@@ -52,6 +52,7 @@ CACHES = {
     "hybrid-2-groups": [(16, 8, 128), (16, 4, 128)],
 }
 TOKENS_PER_BLOCK = 16
+CPU_LAYOUT = "chunk_major"  # every handler's, so that runs compare across files
 
 
 def make_cache(torch, shape, blocks, device):
@@ -76,8 +77,9 @@ def make_handler(cache, chunks, bpc, method):
     """An OffloadHandler for a --methods entry."""
     base, _, ctas = method.partition("_ctas")
     if ctas and base in page_methods.METHODS:
-        return OffloadHandler(cache, chunks, bpc, method=dataclasses.replace(kv.Pages.named(base), ctas=int(ctas)))
-    return OffloadHandler(cache, chunks, bpc, method=method)
+        return OffloadHandler(cache, chunks, bpc, method=dataclasses.replace(kv.Pages.named(base), ctas=int(ctas)),
+                              cpu_layout=CPU_LAYOUT)
+    return OffloadHandler(cache, chunks, bpc, method=method, cpu_layout=CPU_LAYOUT)
 
 
 def submit(handler, specs, direction, first_id=0):
@@ -208,7 +210,7 @@ def multi_device_rows(torch, devices, rng, bpc, blocks, moved):
     block_bytes = sum(2 * layers * TOKENS_PER_BLOCK * heads * dim * 2 for layers, heads, dim in shape)
     n, chunks = 512, blocks // bpc
     jobs = max(2, moved // (n * block_bytes))
-    handlers = [OffloadHandler(make_cache(torch, shape, blocks, f"cuda:{d}"), chunks, bpc) for d in devices]
+    handlers = [OffloadHandler(make_cache(torch, shape, blocks, f"cuda:{d}"), chunks, bpc, cpu_layout=CPU_LAYOUT) for d in devices]
     pairs = [bulk_pair(torch, 1 << 30, f"cuda:{d}") for d in devices]
     rows = []
     for direction in ("store", "load"):
@@ -311,7 +313,7 @@ def main(argv):
             machine["bulk_gb_per_s"] = {d: (1 << 30) / s / 1e9 for d, s in bulk.items()}
         with open(out, "w") as f:
             json.dump(dict(date=datetime.date.today().isoformat(), machine=machine,
-                           config=dict(gpu_blocks=blocks, blocks_per_chunk=bpc, cpu_layout="chunk_major",
+                           config=dict(gpu_blocks=blocks, blocks_per_chunk=bpc, cpu_layout=CPU_LAYOUT,
                                        calibration=(dataclasses.asdict(calibration.calibration())
                                                     if gpu and "auto" in FLAGS.methods else None),
                                        moved_mib=moved >> 20,

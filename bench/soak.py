@@ -65,7 +65,7 @@ def main(argv):
     rng = np.random.default_rng(0)
     blocks, chunks = FLAGS.gpu_blocks, FLAGS.cpu_chunks
     cache = torch.randint(0, 256, (TENSORS, blocks, PAGE), dtype=torch.uint8, device="cuda")
-    handler = OffloadHandler([list(cache)], chunks, 1, method=FLAGS.method)
+    handler = OffloadHandler([list(cache)], chunks, 1, method=FLAGS.method, cpu_layout="chunk_major")
     handler.pool.tensor.zero_()
     pool = handler.pool.tensor[: chunks * TENSORS * PAGE].view(chunks, TENSORS, PAGE)
     hashes = PageHashes(torch)

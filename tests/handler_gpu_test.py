@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 
 import numpy as np
 import pytest
@@ -46,6 +47,24 @@ def test_store_and_load_skipping_the_first_blocks_of_a_chunk(cpu_layout, page, b
 def test_the_default_pool_is_per_tensor_where_pages_go_by_dma(page, method, cpu_layout, bpc):
     handler = store_then_load_skipping_first_blocks("cuda", None, page, bpc, method=method)
     assert handler.cpu_layout == cpu_layout
+    tensors = handler.layout.groups[0].tensors  # four tensors
+    assert [t.cpu_stride for t in tensors] == [bpc * page * (1 if cpu_layout == "per_tensor" else 4)] * 4
+
+
+def test_a_shared_or_background_pool_stays_chunk_major():
+    cache = [[torch.zeros((8, 64 << 10), dtype=torch.uint8, device="cuda") for _ in range(2)]]
+    for options in (kv.PoolOptions(background=True), kv.PoolOptions(shm_name=f"kvoffload-test-{uuid.uuid4().hex}")):
+        handler = OffloadHandler(cache, 8, 1, host_pool=options)
+        try:
+            assert handler.methods == {"store": "pages_dma", "load": "pages_dma"}
+            assert handler.cpu_layout == "chunk_major"
+        finally:
+            handler.shutdown()
+    own = OffloadHandler(cache, 8, 1, host_buffer=torch.empty(2 * 8 * (64 << 10), dtype=torch.uint8))
+    try:
+        assert own.cpu_layout == "chunk_major"
+    finally:
+        own.shutdown()
 
 
 @pytest.mark.parametrize("expedite", [False, True])

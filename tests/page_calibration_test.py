@@ -150,7 +150,7 @@ def test_measured_once_then_read_back_beside_the_raw_pointer_entry(machine, monk
 
 
 @pytest.mark.parametrize("format, key", [(0, "fake GPU 0 | pages"), (2, "fake GPU 0"),  # 2: keyed without the suffix
-                                         (3, "fake GPU 0 | pages")])  # 3: beside the prefill loop
+                                         (3, "fake GPU 0 | pages"), (4, "fake GPU 0 | pages")])
 def test_an_entry_of_another_format_is_measured_again(machine, format, key):
     file, measured = machine
     file.write_text(json.dumps({"fake GPU 0 | pages": dict(dataclasses.asdict(fake(key)), format=format)}))
@@ -269,3 +269,24 @@ def test_page_jobs_log_their_choice_and_its_cost(caplog, max_slowdown, batch_cop
     assert "the page calibration's load figures near 4096 page bytes were noisy" in caplog.text
     assert "store figures" not in caplog.text
     assert set(jobs.methods.values()) == {says.split()[2].rstrip(",")}
+
+
+@pytest.mark.parametrize("method, page, own_pool, batch_copy, expected", [
+    (kv.Pages(), 64 << 10, True, True, "per_tensor"),
+    (kv.Pages(), 4 << 10, True, True, "chunk_major"),  # the ring
+    (kv.Pages(), 64 << 10, False, True, "chunk_major"),  # shared, the caller's, or pinned in the background
+    (kv.Pages(), 64 << 10, True, False, "chunk_major"),  # no batch copy: the ring
+    (kv.Pages(DMA), 4 << 10, True, True, "per_tensor"),
+    (kv.Pages(STAGED), 64 << 10, True, True, "chunk_major"),
+    (kv.Pages(max_slowdown=0.05), 4 << 10, True, True, "chunk_major"),  # the calibration takes the ring
+    (kv.Pages(max_slowdown=0.001), 4 << 10, True, True, "per_tensor"),  # and here DMA
+    (kv.Auto(None), 64 << 10, True, True, "chunk_major"),
+    ("batch", 64 << 10, True, True, "chunk_major"),
+])
+def test_the_default_pool_layout_follows_the_chosen_path(monkeypatch, method, page, own_pool, batch_copy, expected):
+    monkeypatch.setattr(job_methods, "batch_entry_point_version", lambda: 1 if batch_copy else 0)
+    monkeypatch.setattr(page_calibration, "page_calibration", lambda device: fake())
+    method = job_methods.method_object(method)
+    got = job_methods.cpu_layout_for(method, torch.device("cuda", 0), pages(page), own_pool)
+    assert got == expected
+    assert job_methods.cpu_layout_for(method, torch.device("cpu"), pages(page), own_pool) == "chunk_major"

@@ -197,8 +197,9 @@ class OffloadHandler:
     g's tensors, an int or one per tensor (default: the whole block). host_buffer: a CPU
     tensor to use (and page-lock) as the pool instead of allocating one; ``pool_bytes``
     says how large it must be. cpu_layout: how the pool places the chunks
-    (kvoffload.pool_layout); None: "per_tensor" where the page jobs go by DMA both ways,
-    else "chunk_major" (kvoffload.page_methods.cpu_layout). cpu_places[g][t]: (offset, stride) of tensor t's chunks in
+    (kvoffload.pool_layout); None: "per_tensor" where the page jobs go by DMA both ways
+    and the pool is the handler's own (no host_buffer, no shm_name, not pinned in the
+    background), else "chunk_major" (kvoffload.job_methods.cpu_layout_for). cpu_places[g][t]: (offset, stride) of tensor t's chunks in
     host_buffer, for a pool laid out by someone else (kvoffload.pool_layout), in place of
     cpu_layout. host_pool: how the pool is made and pinned otherwise
     (kvoffload.host_pool.PoolOptions: shared, huge pages, in the background). method:
@@ -237,7 +238,8 @@ class OffloadHandler:
         pages = tensor_pages(gpu_tensors, page_bytes)
         method = method_object(method)
         if cpu_layout is None and cpu_places is None:
-            cpu_layout = cpu_layout_for(method, device, pages)
+            own_pool = host_buffer is None and (host_pool is None or not (host_pool.shm_name or host_pool.background))
+            cpu_layout = cpu_layout_for(method, device, pages, own_pool)
         self.cpu_layout = cpu_layout if cpu_places is None else None  # None: the caller's cpu_places
 
         on_gpu = device.type == "cuda"

@@ -64,10 +64,13 @@ def _page_calibration(method: Pages, device):
     return page_calibration.page_calibration(device.index) if method.max_slowdown is not None else None
 
 
-def cpu_layout_for(method: Pages | Auto | CopyMethod, device, pages) -> str:
+def cpu_layout_for(method: Pages | Auto | CopyMethod, device, pages, own_pool: bool = True) -> str:
     """The pool layout a handler on ``device`` with tensors of ``pages[g][t]`` page bytes
-    takes where it names none (page_methods.cpu_layout for a page method on a GPU)."""
-    if device.type != "cuda" or not isinstance(method, Pages):
+    takes where it names none: page_methods.cpu_layout for a page method on a GPU with
+    ``own_pool`` (a pool that only it sees, pinned before it returns), else chunk-major.
+    A shared pool's layout must not hang on one rank's choice, and a pool pinned in the
+    background serves the jobs on its first chunks early only when chunk-major."""
+    if device.type != "cuda" or not isinstance(method, Pages) or not own_pool:
         return "chunk_major"
     paths = page_methods.choose(method, pages, batch_entry_point_version() > 0, _page_calibration(method, device))
     return page_methods.cpu_layout(paths)

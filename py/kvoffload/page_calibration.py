@@ -21,7 +21,7 @@ import numpy as np
 
 from kvoffload import calibration
 from kvoffload.calibration import _increasing, _interpolate, _numbers
-from kvoffload.page_methods import PagePath, name
+from kvoffload.page_methods import PagePath, cpu_layout, name
 from kvoffload.vocabulary import Direction
 
 PAGE_BYTES = [4 << 10, 16 << 10, 64 << 10]
@@ -43,7 +43,7 @@ class PageCalibration:
     over_bulk: dict[str, list[float]]  # step slowdown less the bulk copies'
     noisy: dict[str, list[bool]]  # |idle drift| over kvoffload.meter.NOISE, copies short of a window, or dry steps
     bulk_slowdown: dict[str, float]  # direction -> the bulk copies' step slowdown
-    FORMAT: ClassVar[int] = 4  # 4: beside meter.CALIBRATION_WORKLOAD (3: the prefill loop)
+    FORMAT: ClassVar[int] = 5  # 5: each path on its default pool layout (4: all chunk-major; 3: the prefill loop)
     MODULE: ClassVar[str] = "kvoffload.page_calibration"  # whose --recalibrate measures it
     NEEDED_BY: ClassVar[str] = "Pages(max_slowdown)"
 
@@ -146,7 +146,8 @@ def page_sources(torch, where: str, job_bytes: int = JOB_BYTES) -> tuple[list, d
             blocks = JOBS * n
             cache = [torch.empty((blocks, page), dtype=torch.uint8, device=where) for _ in range(TENSORS)]
             for path in PATHS:
-                handler = OffloadHandler([cache], blocks, 1, method=Pages(path))
+                handler = OffloadHandler([cache], blocks, 1, method=Pages(path),
+                                         cpu_layout=cpu_layout({d: path for d in Direction}))
                 handlers.append(handler)
                 for d in Direction:
                     sources[path, d, page] = (lambda w=HandlerAsWorker(handler), d=d, jobs=jobs:

@@ -7,7 +7,7 @@ Layouts (``cpu_layout``):
   host side is then a few large runs, one per chunk: the staging ring's.
 - ``"per_tensor"``: vLLM's layout; each tensor has its own ``[num_chunks, blocks_per_chunk
   * page]`` region. A handler takes it by default where its pages go by DMA
-  (kvoffload.page_methods.cpu_layout).
+  (kvoffload.job_methods.cpu_layout_for).
 
 Groups follow each other, each starting on a 4 KiB boundary. Groups that reference one
 tensor (hybrid models) share its region, laid out as one group holding every tensor they
