@@ -263,8 +263,9 @@ def test_page_jobs_log_their_choice_and_its_cost(caplog, max_slowdown, batch_cop
     cal = fake(dma=(0.005, 0.005, 0.005))
     cal.noisy["pages_dma load"][0] = True
     with caplog.at_level(logging.INFO, logger="kvoffload.job_methods"):
-        jobs = job_methods.PageJobs(kv.Pages(max_slowdown=max_slowdown), layout(4 << 10), _Spanless(), None,
-                                    batch_copy, cal)
+        method = kv.Pages(max_slowdown=max_slowdown)
+        choice = job_methods.PageChoice.of(method, pages(4 << 10), batch_copy, cal)
+        jobs = job_methods.PageJobs(method, layout(4 << 10), _Spanless(), None, choice)
     assert f"kvoffload: 4096 page bytes on average: {says}" in caplog.text
     assert "the page calibration's load figures near 4096 page bytes were noisy" in caplog.text
     assert "store figures" not in caplog.text
@@ -287,6 +288,23 @@ def test_the_default_pool_layout_follows_the_chosen_path(monkeypatch, method, pa
     monkeypatch.setattr(job_methods, "batch_entry_point_version", lambda: 1 if batch_copy else 0)
     monkeypatch.setattr(page_calibration, "page_calibration", lambda device: fake())
     method = job_methods.method_object(method)
-    got = job_methods.cpu_layout_for(method, torch.device("cuda", 0), pages(page), own_pool)
-    assert got == expected
-    assert job_methods.cpu_layout_for(method, torch.device("cpu"), pages(page), own_pool) == "chunk_major"
+    choice = job_methods.page_choice(method, torch.device("cuda", 0), pages(page))
+    assert job_methods.cpu_layout_for(choice, own_pool) == expected
+    assert job_methods.page_choice(method, torch.device("cpu"), pages(page)) is None
+    assert job_methods.cpu_layout_for(None, own_pool) == "chunk_major"
+
+
+def test_page_jobs_run_the_paths_their_pool_was_laid_out_for(monkeypatch):
+    """The page calibration is read once per handler: a recalibration between the pool's
+    layout and the page jobs changes neither."""
+    cals = iter([fake(), fake(ring=(0.5, 0.5, 0.5))])  # the second takes DMA at 4 KiB within 5%
+    monkeypatch.setattr(job_methods, "batch_entry_point_version", lambda: 1)
+    monkeypatch.setattr(page_calibration, "page_calibration", lambda device: next(cals))
+    method = kv.Pages(max_slowdown=0.05)
+    choice = job_methods.page_choice(method, torch.device("cuda", 0), pages(4 << 10))
+    assert set(choice.paths.values()) == {STAGED} and job_methods.cpu_layout_for(choice) == "chunk_major"
+    assert page_methods.choose(method, pages(4 << 10), True, next(cals)) == {d: DMA for d in Direction}
+    jobs = job_methods.job_method(method, torch.device("cuda", 0), layout(4 << 10), _Spanless(), None, None, choice)
+    assert jobs.paths == choice.paths and set(jobs.methods.values()) == {"pages_staged"}
+    with pytest.raises(ValueError, match="choice: a page method on a GPU"):
+        job_methods.job_method(method, torch.device("cuda", 0), layout(4 << 10), _Spanless(), None, None)

@@ -45,7 +45,7 @@ from typing import Hashable, Iterable, Sequence
 from kvoffload.batch_copy import load_kernels
 from kvoffload.host_pool import HostPool, PoolOptions
 from kvoffload.ints import is_int, require_int
-from kvoffload.job_methods import JobCopy, Method, cpu_layout_for, job_method, method_object
+from kvoffload.job_methods import JobCopy, Method, cpu_layout_for, job_method, method_object, page_choice
 from kvoffload.lane_accesses import LazyKeys
 from kvoffload.lane_conflicts import LaneConflicts
 from kvoffload.page_table import ChunkParts, job_arguments, job_names, key_offsets, page_table
@@ -237,9 +237,10 @@ class OffloadHandler:
             raise TypeError(f"host_buffer: expected a CPU torch tensor, got {type(host_buffer).__name__}")
         pages = tensor_pages(gpu_tensors, page_bytes)
         method = method_object(method)
+        choice = page_choice(method, device, pages)
         if cpu_layout is None and cpu_places is None:
             own_pool = host_buffer is None and (host_pool is None or not (host_pool.shm_name or host_pool.background))
-            cpu_layout = cpu_layout_for(method, device, pages, own_pool)
+            cpu_layout = cpu_layout_for(choice, own_pool)
         self.cpu_layout = cpu_layout if cpu_places is None else None  # None: the caller's cpu_places
 
         on_gpu = device.type == "cuda"
@@ -255,7 +256,7 @@ class OffloadHandler:
         try:
             # Checks every job's ids and keys it; for page methods also copies.
             self._table = page_table(self.layout, self.pool.registration_edges)
-            self._jobs = job_method(method, device, self.layout, self._table, self.pool, self.registry)
+            self._jobs = job_method(method, device, self.layout, self._table, self.pool, self.registry, choice)
             self._lanes: Lanes = CudaLanes(torch, device, lanes) if on_gpu else HostLanes(lanes)
         except BaseException:
             self.pool.release()  # now, not when the collector finds it

@@ -48,32 +48,56 @@ def method_object(method: Method) -> Pages | Auto | CopyMethod:
                          f"kvoffload.copy_methods object, got {method!r}") from None
 
 
-def job_method(method: Pages | Auto | CopyMethod, device, layout, table, pool, registry) -> PageJobs | PlannedJobs:
-    """What a handler on ``device`` runs its jobs with: the host copy without a GPU. An
-    Auto method's calibration is loaded, or measured, now rather than in the first job."""
+def job_method(method: Pages | Auto | CopyMethod, device, layout, table, pool, registry,
+               choice: PageChoice | None = None) -> PageJobs | PlannedJobs:
+    """What a handler on ``device`` runs its jobs with: the host copy without a GPU. A page
+    method takes the paths of ``choice`` (page_choice, made with the handler). An Auto
+    method's calibration is loaded, or measured, now rather than in the first job."""
     if device.type != "cuda":
         return PlannedJobs(None, table, pool, MemoryKind.HOST)
     if isinstance(method, Pages):
-        return PageJobs(method, layout, table, registry, batch_entry_point_version() > 0, _page_calibration(method, device))
+        if choice is None:
+            raise ValueError("choice: a page method on a GPU runs the paths of its page_choice, got None")
+        return PageJobs(method, layout, table, registry, choice)
     if isinstance(method, Auto):
         calibration.calibration(device.index)
     return PlannedJobs(method, table, pool, MemoryKind.DEVICE)
 
 
-def _page_calibration(method: Pages, device):
-    return page_calibration.page_calibration(device.index) if method.max_slowdown is not None else None
+@dataclasses.dataclass(frozen=True)
+class PageChoice:
+    """Each direction's path for a handler's page jobs, chosen once, and what it was
+    chosen from: whether the driver has the batch copy, and the page calibration (for a
+    method with a max_slowdown)."""
+
+    paths: dict[Direction, PagePath]
+    batch_copy: bool
+    cal: object = None
+
+    @classmethod
+    def of(cls, method: Pages, pages, batch_copy: bool, cal=None) -> PageChoice:
+        return cls(page_methods.choose(method, pages, batch_copy, cal), batch_copy, cal)
 
 
-def cpu_layout_for(method: Pages | Auto | CopyMethod, device, pages, own_pool: bool = True) -> str:
-    """The pool layout a handler on ``device`` with tensors of ``pages[g][t]`` page bytes
-    takes where it names none: page_methods.cpu_layout for a page method on a GPU with
-    ``own_pool`` (a pool that only it sees, pinned before it returns), else chunk-major.
-    A shared pool's layout must not hang on one rank's choice, and a pool pinned in the
-    background serves the jobs on its first chunks early only when chunk-major."""
-    if device.type != "cuda" or not isinstance(method, Pages) or not own_pool:
+def page_choice(method: Pages | Auto | CopyMethod, device, pages) -> PageChoice | None:
+    """The paths of a page method on ``device`` over tensors of ``pages[g][t]`` page bytes;
+    None for other methods and without a GPU. The pool's default layout and the page jobs
+    both follow it."""
+    if device.type != "cuda" or not isinstance(method, Pages):
+        return None
+    cal = page_calibration.page_calibration(device.index) if method.max_slowdown is not None else None
+    return PageChoice.of(method, pages, batch_entry_point_version() > 0, cal)
+
+
+def cpu_layout_for(choice: PageChoice | None, own_pool: bool = True) -> str:
+    """The pool layout a handler takes where it names none: page_methods.cpu_layout for
+    the paths of its page jobs (``choice``) with ``own_pool`` (a pool that only it sees,
+    pinned before it returns), else chunk-major. A shared pool's layout must not hang on
+    one rank's choice, and a pool pinned in the background serves the jobs on its first
+    chunks early only when chunk-major."""
+    if choice is None or not own_pool:
         return "chunk_major"
-    paths = page_methods.choose(method, pages, batch_entry_point_version() > 0, _page_calibration(method, device))
-    return page_methods.cpu_layout(paths)
+    return page_methods.cpu_layout(choice.paths)
 
 
 @dataclasses.dataclass
@@ -95,9 +119,10 @@ class PageJobs:
     resolves_on_lane = True
     descriptor_arrays_allocated = 0
 
-    def __init__(self, method: Pages, layout, table, registry, batch_copy: bool, cal=None):
+    def __init__(self, method: Pages, layout, table, registry, choice: PageChoice):
         self._layout, self._table, self._ctas = layout, table, method.ctas
-        self.paths = page_methods.choose(method, page_methods.layout_pages(layout), batch_copy, cal)
+        self.paths = choice.paths
+        cal = choice.cal
         gpu_spans, cpu_spans = table.spans()
         tensors = [(g, t) for g, group in enumerate(layout.groups) for t in group.tensors]
         for (g, t), gpu_span, cpu_span in zip(tensors, gpu_spans.tolist(), cpu_spans.tolist()):
@@ -112,7 +137,7 @@ class PageJobs:
                                "noisy; measure again with python -m kvoffload.page_calibration "
                                "--recalibrate", d.value, page)
         why = ("built-in choice" if cal is None else
-               page_calibration.why(cal, self.paths[Direction.STORE], page, method.max_slowdown, batch_copy))
+               page_calibration.why(cal, self.paths[Direction.STORE], page, method.max_slowdown, choice.batch_copy))
         logger.info("kvoffload: %s page bytes on average: stores by %s, loads by %s (%s)", f"{page:.0f}",
                     page_methods.name(self.paths[Direction.STORE]), page_methods.name(self.paths[Direction.LOAD]), why)
 
