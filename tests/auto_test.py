@@ -15,17 +15,19 @@ BESIDE = calibration.BESIDE_SIZES
 RUNS = calibration.RUN_BYTES  # a job's host side in runs long enough for the staged copy
 
 
-def table(beside=None, slowdown=None, **rates):
+def table(beside=None, slowdown=None, bulk=None, **rates):
     """A calibration where each 'method direction pattern' runs at the given GB/s per size
     (absent entries at 1 GB/s), and each 'method direction' beside the model at the given
-    GB/s and step slowdown per beside-size (absent: 1 GB/s, +50%)."""
+    GB/s and step slowdown per beside-size (absent: 1 GB/s, +50%); bulk copies slow it by
+    ``bulk`` per direction (absent: 0)."""
     full = {f"{m} {d} {p}": [1.0] * len(SIZES)
             for m in CANDIDATES for d in ("h2d", "d2h") for p in calibration.PATTERNS}
     full.update({k.replace("__", " "): v for k, v in rates.items()})
     pairs = [f"{m} {d}" for m in CANDIDATES for d in ("h2d", "d2h")]
     return Calibration("test machine", SIZES, full, BESIDE,
                        {k: (beside or {}).get(k, [1.0] * len(BESIDE)) for k in pairs},
-                       {k: (slowdown or {}).get(k, [0.5] * len(BESIDE)) for k in pairs})
+                       {k: (slowdown or {}).get(k, [0.5] * len(BESIDE)) for k in pairs},
+                       {"h2d": 0.0, "d2h": 0.0, **(bulk or {})})
 
 
 def test_alone_picks_the_fastest_method_at_the_job_size():
@@ -50,6 +52,17 @@ def test_the_fastest_beside_the_model_within_the_slowdown_wins():
     assert choose(cal, "load", 4 << 10, RUNS, max_slowdown=0.06)[0] == "kernel"
     assert choose(cal, "load", 4 << 10, RUNS, max_slowdown=0.005)[0] == "batch"
     assert choose(cal, "load", 2 << 20, RUNS) == ("batch", 54)
+
+
+def test_max_slowdown_is_over_the_bulk_copies_slowdown():
+    """Beside a loop that bulk loads slow by 4%, a load method at +5% costs 1 point."""
+    slowdown = {"kernel h2d": [0.05] * 3, "batch h2d": [0.04] * 3}
+    beside = {"kernel h2d": [45, 48, 50], "batch h2d": [5, 30, 54]}
+    assert choose(table(beside=beside, slowdown=slowdown), "load", 4 << 10, 0)[0] == "batch"  # the least costly
+    cal = table(beside=beside, slowdown=slowdown, bulk={"h2d": 0.04})
+    assert choose(cal, "load", 4 << 10, 0) == ("kernel", 45)
+    assert cal.over_bulk("kernel", "load", 4 << 10) == pytest.approx(0.01)
+    assert choose(cal, "load", 4 << 10, 0, max_slowdown=0.005)[0] == "batch"
 
 
 def test_the_kernel_on_fewer_ctas_wins_where_only_it_is_within_the_slowdown():

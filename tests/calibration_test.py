@@ -23,7 +23,8 @@ from kvoffload.calibration import Calibration, CalibrationCacheError
 def fake(key):
     sizes = calibration.SIZES
     return Calibration(key, sizes, {"batch h2d scattered": [float(i + 1) for i in range(len(sizes))]},
-                       calibration.BESIDE_SIZES, {"batch h2d": [1.0, 2.0, 3.0]}, {"batch h2d": [0.0, 0.01, 0.02]})
+                       calibration.BESIDE_SIZES, {"batch h2d": [1.0, 2.0, 3.0]}, {"batch h2d": [0.0, 0.01, 0.02]},
+                       {"h2d": 0.004, "d2h": 0.009})
 
 
 @pytest.fixture
@@ -136,6 +137,11 @@ CORRUPT = {
          "other GPU": _good_entry("other GPU")}).encode(),
     "an entry of another device": json.dumps({"fake GPU 0": _good_entry("other GPU"),
                                               "other GPU": _good_entry("other GPU")}).encode(),
+    "an entry without the bulk copies' slowdown one way": json.dumps(
+        {"fake GPU 0": dict(_good_entry(), bulk_slowdown={"h2d": 0.004}), "other GPU": _good_entry("other GPU")}).encode(),
+    "an entry whose bulk copies' slowdown is not a number": json.dumps(
+        {"fake GPU 0": dict(_good_entry(), bulk_slowdown={"h2d": 0.004, "d2h": "slow"}),
+         "other GPU": _good_entry("other GPU")}).encode(),
     "an entry with a table of the wrong length": json.dumps(
         {"fake GPU 0": dict(_good_entry(), beside={"batch h2d": [1.0]}), "other GPU": _good_entry("other GPU")}).encode(),
 }

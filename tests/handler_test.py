@@ -231,6 +231,18 @@ def test_bad_cpu_places_are_named(places, kwargs, error, message):
     assert bool((buffer == POISON).all())
 
 
+def test_cpu_layout_with_cpu_places_is_named():
+    gpu = [[torch.zeros((8, 64), dtype=torch.uint8)]]
+    buffer = torch.full((1024,), POISON, dtype=torch.uint8)
+    for layout in ("per_tensor", "bogus"):
+        with pytest.raises(ValueError, match=rf"cpu_layout: '{layout}' cannot be given with cpu_places"):
+            OffloadHandler(gpu, 4, 2, host_buffer=buffer, cpu_places=[[(0, 256)]], cpu_layout=layout)
+    assert bool((buffer == POISON).all())
+    handler = OffloadHandler(gpu, 4, 2, host_buffer=buffer, cpu_places=[[(0, 256)]])
+    assert handler.cpu_layout is None
+    handler.shutdown()
+
+
 def test_host_buffer_too_small_is_rejected():
     gpu = [[torch.zeros((8, 128), dtype=torch.uint8)]]
     with pytest.raises(ValueError, match=r"host_buffer: holds 100 bytes, the layout needs 4096"):

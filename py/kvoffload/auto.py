@@ -3,8 +3,9 @@ the driver's batch copy, the copy kernel on 8, 4 or 2 CTAs and the staged copy) 
 the calibration of the stream's device (kvoffload.copy_methods.CANDIDATES).
 
 A candidate's cost to a model running beside it is its calibrated step slowdown at the
-job's mean copy size; among those within ``max_slowdown`` the one fastest beside the
-model wins (log-interpolated in size). ``max_slowdown=None`` ignores the model and takes
+job's mean copy size over bulk copies' slowdown in the same run, as for
+kvoffload.Pages(max_slowdown); among those within ``max_slowdown`` the one fastest beside
+the model wins (log-interpolated in size). ``max_slowdown=None`` ignores the model and takes
 the fastest alone. The staged copy is calibrated on host runs of RUN_BYTES: a job whose
 host side comes in shorter runs is predicted at no more than its rate alone with the
 host side scattered, which its DMA of small copies holds it to.
@@ -57,7 +58,7 @@ def choose(cal: Calibration, direction: Direction | str, copy_bytes: float, host
         short_runs = CANDIDATES[method].name == "staged" and not runs(method)
         return min(rate, alone(method)) if short_runs else rate
 
-    slowdown = {m: cal.slowdown_of(m, direction, copy_bytes) for m in CANDIDATES}
+    slowdown = {m: cal.over_bulk(m, direction, copy_bytes) for m in CANDIDATES}
     within = [m for m in CANDIDATES if slowdown[m] <= max_slowdown and slowdown[m] != math.inf]
     best = max(within, key=beside) if within else min(CANDIDATES, key=slowdown.get)
     return best, beside(best)

@@ -4,7 +4,7 @@ For every candidate (kvoffload.copy_methods.CANDIDATES: each method with its def
 the copy kernel on fewer CTAs), direction and block size (4 KiB to 2 MiB) it
 times the method alone, with the host side scattered and in runs; at a few sizes it
 also keeps it in flight beside the loop of kvoffload.meter.CALIBRATION_WORKLOAD and records
-its rate there and the loop's step slowdown.
+its rate there and the loop's step slowdown, with bulk copies' slowdown in the same run.
 Measured on the device it describes, cached in a JSON file ($KVOFFLOAD_CALIBRATION, else
 ~/.cache/kvoffload/calibration.json) under that device's name, driver, PCIe link and
 bus id, written atomically under a lock, and measured again by
@@ -42,7 +42,7 @@ SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20]
 BESIDE_SIZES = [4 << 10, 64 << 10, 2 << 20]
 PATTERNS = ("scattered", "host_runs")
 RUN_BYTES = 256 << 10
-FORMAT = 11  # entries of another format (11: beside meter.CALIBRATION_WORKLOAD) are measured again
+FORMAT = 12  # entries of another format (12: with the bulk copies' slowdown) are measured again
 
 
 def path() -> pathlib.Path:
@@ -77,6 +77,8 @@ class Calibration:
     # nothing was measured: the copies did not cover their windows, or their host
     # enqueueing outlasted the steps enqueued ahead of them (the loop ran dry beside them).
     slowdown: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
+    # "h2d" / "d2h" -> bulk copies' step slowdown in the same run (where beside_sizes).
+    bulk_slowdown: dict[str, float] = dataclasses.field(default_factory=dict)
     FORMAT: ClassVar[int] = FORMAT
     MODULE: ClassVar[str] = "kvoffload.calibration"  # whose --recalibrate measures it
     NEEDED_BY: ClassVar[str] = "method='auto'"
@@ -106,6 +108,10 @@ class Calibration:
         slowdowns = dict(zip(self.beside_sizes, self.slowdown[name]))
         return _interpolate(measured, [slowdowns[size] for size in measured], copy_bytes)
 
+    def over_bulk(self, method: str, direction: Direction | str, copy_bytes: float) -> float:
+        """slowdown_of less the bulk copies' slowdown in that direction."""
+        return self.slowdown_of(method, direction, copy_bytes) - self.bulk_slowdown[_short(direction)]
+
     def valid(self) -> bool:
         """Whether the fields read from a file make a calibration."""
         return (isinstance(self.key, str) and _increasing(self.sizes) and _increasing(self.beside_sizes)
@@ -115,7 +121,10 @@ class Calibration:
                 and all(_numbers(t) and len(t) == len(self.beside_sizes) for t in self.beside.values())
                 and all(_numbers(t, none=True) and len(t) == len(self.beside_sizes)
                         for t in self.slowdown.values())
-                and set(self.slowdown) == set(self.beside))
+                and set(self.slowdown) == set(self.beside)
+                and isinstance(self.bulk_slowdown, dict)
+                and set(self.bulk_slowdown) == (set(_KEY.values()) if self.beside_sizes else set())
+                and _numbers(list(self.bulk_slowdown.values())))
 
     def _measured(self, name: str) -> list[int]:
         """The beside-sizes where the copies of ``name`` ran inside the loop."""
@@ -152,7 +161,7 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
     import torch
 
     from kvoffload import compute_loop, meter
-    from kvoffload.steady_copies import CALL_SECONDS, RawCopies, in_calls
+    from kvoffload.steady_copies import CALL_SECONDS, BulkCopies, RawCopies, in_calls
 
     with torch.cuda.device(device):
         rng = np.random.default_rng(0)
@@ -199,7 +208,12 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
                 return lambda: RawCopies(torch, calls, stream)
 
             points = [(m, d, b) for d in Direction for m in CANDIDATES for b in BESIDE_SIZES]
-            got = meter.measure(loop, {point: source(*point) for point in points}, **windows)
+            sources = {point: source(*point) for point in points}
+            for direction in Direction:  # made once: its pinned buffers are not allocated inside a window
+                bulk = BulkCopies(torch, direction.value, moved, device=f"cuda:{device}")
+                sources["bulk", direction, 0] = lambda bulk=bulk: bulk
+            got = meter.measure(loop, sources, **windows)
+            cal.bulk_slowdown = {_KEY[d]: got["bulk", d, 0].step_slowdown for d in Direction}
             for direction in Direction:
                 for method in CANDIDATES:
                     results = [got[method, direction, b] for b in BESIDE_SIZES]
@@ -379,6 +393,8 @@ def main(argv: list[str]) -> None:
     print(f"{cal.key}: written to {path()}")
     for name, table in cal.rates.items():
         print(f"{name:<31}" + " ".join(f"{r:6.1f}" for r in table))
+    if cal.bulk_slowdown:
+        print("bulk copies' slowdown: " + ", ".join(f"{d} {v:+.2%}" for d, v in cal.bulk_slowdown.items()))
     for name, table in cal.beside.items():
         print(f"{name + ' beside model':<31}" + " ".join(
             f"{r:6.1f} ({'unmeasured' if s is None else f'{s:+.1%}'})" for r, s in zip(table, cal.slowdown[name])))

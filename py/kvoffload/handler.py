@@ -235,6 +235,8 @@ class OffloadHandler:
         num_cpu_chunks = _chunks_per_group(num_cpu_chunks, len(gpu_tensors))
         if host_buffer is not None and not isinstance(host_buffer, torch.Tensor):
             raise TypeError(f"host_buffer: expected a CPU torch tensor, got {type(host_buffer).__name__}")
+        if cpu_places is not None and cpu_layout is not None:
+            raise ValueError(f"cpu_layout: {cpu_layout!r} cannot be given with cpu_places, which place the chunks")
         pages = tensor_pages(gpu_tensors, page_bytes)
         method = method_object(method)
         choice = page_choice(method, device, pages)

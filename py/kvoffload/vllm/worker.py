@@ -3,8 +3,8 @@
 vLLM describes the cache as unique tensors ``kv_caches.tensors[i]`` (blocks along dim 0,
 ``page_size_bytes`` per block, padded) and, per group, references to them
 (``group_data_refs[g][r]``: ``tensor_idx`` and the unpadded ``page_size_bytes`` moved per
-block). Groups may reference one tensor (hybrid models). Chunk ids are global: chunk c of
-every group is row c of the pool, as vLLM's scheduler-side manager allocates them.
+block). Groups may reference one tensor (hybrid models). Chunk ids are global: chunk c
+names the same chunk in every group, as vLLM's scheduler-side manager allocates them.
 Stores, loads and expedited loads run on lanes of their own.
 """
 
