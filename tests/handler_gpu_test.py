@@ -58,11 +58,13 @@ def test_a_shared_or_background_pool_stays_chunk_major():
         try:
             assert handler.methods == {"store": "pages_dma", "load": "pages_dma"}
             assert handler.cpu_layout == "chunk_major"
+            assert [t.cpu_stride for t in handler.layout.groups[0].tensors] == [2 * (64 << 10)] * 2
         finally:
             handler.shutdown()
     own = OffloadHandler(cache, 8, 1, host_buffer=torch.empty(2 * 8 * (64 << 10), dtype=torch.uint8))
     try:
         assert own.cpu_layout == "chunk_major"
+        assert [t.cpu_stride for t in own.layout.groups[0].tensors] == [2 * (64 << 10)] * 2
     finally:
         own.shutdown()
 
