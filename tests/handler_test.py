@@ -231,6 +231,22 @@ def test_bad_cpu_places_are_named(places, kwargs, error, message):
     assert bool((buffer == POISON).all())
 
 
+def test_a_tensor_resized_while_its_job_waits_on_the_lane_is_not_written():
+    big = torch.zeros(256, 1 << 20, dtype=torch.uint8)  # a first load that keeps the lane busy
+    cache = torch.zeros(64, 1 << 17, dtype=torch.uint8)
+    handler = OffloadHandler([[big], [cache]], [256, 64], 1)
+    ids = list(range(64))
+    assert handler.load("slow", CPUSpec(list(range(256))), GPUSpec(list(range(256)), [256, 0], [0, 0]))
+    assert handler.load("queued", CPUSpec(ids), GPUSpec(ids, [0, 64], [0, 0]))
+    cache.resize_(128, 1 << 17)  # its old memory is freed
+    handler.wait(["slow", "queued"])
+    results = {r.job_id: r for r in handler.get_finished()}
+    handler.shutdown()
+    changed = "gpu_tensors[1][0]: its memory changed since it was registered"
+    assert not results["queued"].success and changed in results["queued"].error
+    assert results["slow"].success or changed in results["slow"].error  # if it had not started yet
+
+
 def test_cpu_layout_with_cpu_places_is_named():
     gpu = [[torch.zeros((8, 64), dtype=torch.uint8)]]
     buffer = torch.full((1024,), POISON, dtype=torch.uint8)

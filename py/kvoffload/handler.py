@@ -180,6 +180,13 @@ def _pool_and_layout(registry, gpu_tensors, pages, num_cpu_chunks, blocks_per_ch
     return pool, layout
 
 
+def _checked(registry, copy, **stream):
+    """A job's copy, its tensors checked again where its lane starts it: one resized or
+    swapped while the job waited behind others must not be written."""
+    registry.check_tensors()
+    copy(**stream)
+
+
 def _close_quietly(lanes) -> None:
     try:
         lanes.close()
@@ -371,7 +378,8 @@ class OffloadHandler:
                                     job.keys) if on_lane else None
         copy = self._jobs.copy(job, prepared, plan, sources, resolve, self._lanes.done)
         try:
-            job.handle = self._lanes.make(job.lane, copy.copy, waits, failing_with=sources,
+            job.handle = self._lanes.make(job.lane, functools.partial(_checked, self.registry, copy.copy), waits,
+                                          failing_with=sources,
                                           pipelined=copy.pipelined, resolve=copy.resolve)
         except BaseException:  # nothing runs
             self._jobs.release(copy)
