@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 import weakref
 
 import numpy as np
@@ -245,6 +246,26 @@ def test_a_tensor_resized_while_its_job_waits_on_the_lane_is_not_written():
     changed = "gpu_tensors[1][0]: its memory changed since it was registered"
     assert not results["queued"].success and changed in results["queued"].error
     assert results["slow"].success or changed in results["slow"].error  # if it had not started yet
+
+
+@pytest.mark.parametrize("which", ["host_buffer", "gpu_tensors"])
+def test_read_only_memory_is_refused_by_name(tmp_path, which):
+    path = tmp_path / "kv.bin"
+    path.write_bytes(bytes([POISON]) * (1 << 16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's, once a process: the array is not writable
+        read_only = torch.from_numpy(np.memmap(path, mode="r", dtype=np.uint8))
+    cache = torch.zeros(8, 64, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=rf"^{which}(\[0\]\[0\])?: bytes \[0x[0-9a-f]+, 0x[0-9a-f]+\) are not "
+                                         "writable memory of this process"):
+        if which == "host_buffer":
+            OffloadHandler([[cache]], 4, 2, host_buffer=read_only)
+        else:
+            OffloadHandler([[read_only[:512].view(8, 64)]], 4, 2)
+    assert path.read_bytes() == bytes([POISON]) * (1 << 16)
+    writable = torch.from_numpy(np.memmap(path, mode="r+", dtype=np.uint8))
+    handler = OffloadHandler([[cache]], 4, 2, host_buffer=writable)  # the same file, mapped for writing
+    handler.shutdown()
 
 
 def test_cpu_layout_with_cpu_places_is_named():

@@ -44,6 +44,7 @@ from typing import Hashable, Iterable, Sequence
 
 from kvoffload.batch_copy import load_kernels
 from kvoffload.host_pool import HostPool, PoolOptions
+from kvoffload.host_writable import require_writable
 from kvoffload.ints import is_int, require_int
 from kvoffload.job_methods import JobCopy, Method, cpu_layout_for, job_method, method_object, page_choice
 from kvoffload.lane_accesses import LazyKeys
@@ -136,6 +137,9 @@ def _register_gpu_tensors(registry, gpu_tensors) -> None:
     for g, group in enumerate(gpu_tensors):
         for i, t in enumerate(group):
             if t.numel():
+                if t.device.type == "cpu":
+                    storage = t.untyped_storage()
+                    require_writable(f"gpu_tensors[{g}][{i}]", storage.data_ptr(), storage.nbytes())
                 view = (str(t.device), t.data_ptr(), tuple(t.shape), t.stride())
                 if view in registered:
                     registry.watch(f"gpu_tensors[{g}][{i}]", t)

@@ -22,6 +22,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from kvoffload import _C, numa
+from kvoffload.host_writable import require_writable
 from kvoffload.ints import is_int
 from kvoffload.planner import TransferPlan
 from kvoffload.pool_memory import HUGE_PAGES, PinnedMemoryError, PoolMemory
@@ -129,6 +130,7 @@ class HostPool:
         held = buffer.numel() * buffer.element_size()
         if held < self.nbytes:
             raise ValueError(f"host_buffer: holds {held} bytes, the layout needs {self.nbytes}")
+        require_writable("host_buffer", buffer.data_ptr(), held)
         self._buffer = self._tensor = buffer
         self.base = buffer.data_ptr()
         if self.pinned and held and not _C.is_pinned_host(self.base):
