@@ -18,12 +18,15 @@ from kvoffload import calibration
 from fake_device import fake_device
 from hostile import as_another_user
 from kvoffload.calibration import Calibration, CalibrationCacheError
+from kvoffload.copy_methods import CANDIDATES
 
 
 def fake(key):
-    sizes = calibration.SIZES
-    return Calibration(key, sizes, {"batch h2d scattered": [float(i + 1) for i in range(len(sizes))]},
-                       calibration.BESIDE_SIZES, {"batch h2d": [1.0, 2.0, 3.0]}, {"batch h2d": [0.0, 0.01, 0.02]},
+    sizes, beside = calibration.SIZES, calibration.BESIDE_SIZES
+    pairs = [f"{m} {d}" for m in CANDIDATES for d in ("h2d", "d2h")]
+    return Calibration(key, sizes, {f"{pair} {p}": [float(i + 1) for i in range(len(sizes))]
+                                    for pair in pairs for p in calibration.PATTERNS},
+                       beside, {pair: [1.0, 2.0, 3.0] for pair in pairs}, {pair: [0.0, 0.01, 0.02] for pair in pairs},
                        {"h2d": 0.004, "d2h": 0.009})
 
 
@@ -133,7 +136,25 @@ CORRUPT = {
     "an entry with sizes out of order": json.dumps(
         {"fake GPU 0": dict(_good_entry(), sizes=calibration.SIZES[::-1]), "other GPU": _good_entry("other GPU")}).encode(),
     "an entry with a rate that is not a number": json.dumps(
-        {"fake GPU 0": dict(_good_entry(), beside={"batch h2d": [1.0, float("nan"), 3.0]}),
+        {"fake GPU 0": dict(_good_entry(), beside=dict(_good_entry()["beside"], **{"batch h2d": [1.0, float("nan"), 3.0]})),
+         "other GPU": _good_entry("other GPU")}).encode(),
+    "an entry with a negative rate": json.dumps(
+        {"fake GPU 0": dict(_good_entry(), beside=dict(_good_entry()["beside"], **{"batch h2d": [1.0, -2.0, 3.0]})),
+         "other GPU": _good_entry("other GPU")}).encode(),
+    "an entry without one method's tables beside the model": json.dumps(
+        {"fake GPU 0": dict(_good_entry(), beside={k: v for k, v in _good_entry()["beside"].items() if k != "batch h2d"},
+                            slowdown={k: v for k, v in _good_entry()["slowdown"].items() if k != "batch h2d"}),
+         "other GPU": _good_entry("other GPU")}).encode(),
+    "an entry without one method's rates alone": json.dumps(
+        {"fake GPU 0": dict(_good_entry(), rates={k: v for k, v in _good_entry()["rates"].items()
+                                                   if not k.startswith("batch ")}),
+         "other GPU": _good_entry("other GPU")}).encode(),
+    "an entry with no sizes": json.dumps(
+        {"fake GPU 0": dict(_good_entry(), sizes=[], rates={k: [] for k in _good_entry()["rates"]}),
+         "other GPU": _good_entry("other GPU")}).encode(),
+    "an entry with no sizes beside the model": json.dumps(
+        {"fake GPU 0": dict(_good_entry(), beside_sizes=[], beside={k: [] for k in _good_entry()["beside"]},
+                            slowdown={k: [] for k in _good_entry()["beside"]}),
          "other GPU": _good_entry("other GPU")}).encode(),
     "an entry of another device": json.dumps({"fake GPU 0": _good_entry("other GPU"),
                                               "other GPU": _good_entry("other GPU")}).encode(),
@@ -143,7 +164,8 @@ CORRUPT = {
         {"fake GPU 0": dict(_good_entry(), bulk_slowdown={"h2d": 0.004, "d2h": "slow"}),
          "other GPU": _good_entry("other GPU")}).encode(),
     "an entry with a table of the wrong length": json.dumps(
-        {"fake GPU 0": dict(_good_entry(), beside={"batch h2d": [1.0]}), "other GPU": _good_entry("other GPU")}).encode(),
+        {"fake GPU 0": dict(_good_entry(), beside=dict(_good_entry()["beside"], **{"batch h2d": [1.0]})),
+         "other GPU": _good_entry("other GPU")}).encode(),
 }
 
 

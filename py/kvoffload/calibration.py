@@ -113,17 +113,21 @@ class Calibration:
         return self.slowdown_of(method, direction, copy_bytes) - self.bulk_slowdown[_short(direction)]
 
     def valid(self) -> bool:
-        """Whether the fields read from a file make a calibration."""
+        """Whether the fields read from a file make a calibration that choose() can read:
+        every candidate's tables, each a rate >= 0 or slowdown per size."""
+        pairs = {f"{m} {d}" for m in CANDIDATES for d in _KEY.values()}
+        tables = (self.rates, self.beside, self.slowdown, self.bulk_slowdown)
         return (isinstance(self.key, str) and _increasing(self.sizes) and _increasing(self.beside_sizes)
-                and isinstance(self.rates, dict) and isinstance(self.beside, dict)
-                and isinstance(self.slowdown, dict)
-                and all(_numbers(t) and len(t) == len(self.sizes) for t in self.rates.values())
-                and all(_numbers(t) and len(t) == len(self.beside_sizes) for t in self.beside.values())
+                and len(self.sizes) > 0 and len(self.beside_sizes) > 0
+                and all(isinstance(t, dict) for t in tables)
+                and set(self.rates) == {f"{pair} {p}" for pair in pairs for p in PATTERNS}
+                and set(self.beside) == set(self.slowdown) == pairs
+                and set(self.bulk_slowdown) == set(_KEY.values())
+                and all(_numbers(t) and len(t) == len(self.sizes) and min(t) >= 0 for t in self.rates.values())
+                and all(_numbers(t) and len(t) == len(self.beside_sizes) and min(t) >= 0
+                        for t in self.beside.values())
                 and all(_numbers(t, none=True) and len(t) == len(self.beside_sizes)
                         for t in self.slowdown.values())
-                and set(self.slowdown) == set(self.beside)
-                and isinstance(self.bulk_slowdown, dict)
-                and set(self.bulk_slowdown) == (set(_KEY.values()) if self.beside_sizes else set())
                 and _numbers(list(self.bulk_slowdown.values())))
 
     def _measured(self, name: str) -> list[int]:
@@ -154,8 +158,7 @@ def _offsets(rng, pool, block, n, pattern):
     return runs[i // per_run].astype(np.int64) * per_run * block + (i % per_run) * block
 
 
-def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bool = True,
-            **windows) -> Calibration:
+def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, **windows) -> Calibration:
     """Times every candidate on ``device``: some seconds alone, a few minutes beside.
     windows: kvoffload.meter.measure's steps, rounds and margin (default: its own)."""
     import torch
@@ -190,38 +193,37 @@ def measure(device: int, moved: int = 256 << 20, pool: int = 1 << 30, beside: bo
             stream.synchronize()
             return time.perf_counter() - start
 
-        cal = Calibration(device_key(device), SIZES, {}, BESIDE_SIZES if beside else [])
+        cal = Calibration(device_key(device), SIZES, {}, BESIDE_SIZES)
         for pattern in PATTERNS:
             for direction in Direction:
                 for method in CANDIDATES:
                     cal.rates[f"{method} {_KEY[direction]} {pattern}"] = [
                         moved / min(seconds(copy(method, direction, b, pattern)) for _ in range(2)) / 1e9
                         for b in SIZES]
-        if beside:
-            loop = compute_loop.ComputeLoop(torch, meter.CALIBRATION_WORKLOAD, f"cuda:{device}")
+        loop = compute_loop.ComputeLoop(torch, meter.CALIBRATION_WORKLOAD, f"cuda:{device}")
 
-            def source(method, direction, block):
-                pattern = "host_runs" if CANDIDATES[method].name == "staged" else "scattered"
-                rate = cal.rates[f"{method} {_KEY[direction]} {pattern}"][SIZES.index(block)]
-                call_bytes = max(block, int(rate * 1e9 * CALL_SECONDS) // block * block)
-                calls = in_calls(run(method, direction), *batch(direction, block, pattern), call_bytes)
-                return lambda: RawCopies(torch, calls, stream)
+        def source(method, direction, block):
+            pattern = "host_runs" if CANDIDATES[method].name == "staged" else "scattered"
+            rate = cal.rates[f"{method} {_KEY[direction]} {pattern}"][SIZES.index(block)]
+            call_bytes = max(block, int(rate * 1e9 * CALL_SECONDS) // block * block)
+            calls = in_calls(run(method, direction), *batch(direction, block, pattern), call_bytes)
+            return lambda: RawCopies(torch, calls, stream)
 
-            points = [(m, d, b) for d in Direction for m in CANDIDATES for b in BESIDE_SIZES]
-            sources = {point: source(*point) for point in points}
-            for direction in Direction:  # made once: its pinned buffers are not allocated inside a window
-                bulk = BulkCopies(torch, direction.value, moved, device=f"cuda:{device}")
-                sources["bulk", direction, 0] = lambda bulk=bulk: bulk
-            got = meter.measure(loop, sources, **windows)
-            cal.bulk_slowdown = {_KEY[d]: got["bulk", d, 0].step_slowdown for d in Direction}
-            for direction in Direction:
-                for method in CANDIDATES:
-                    results = [got[method, direction, b] for b in BESIDE_SIZES]
-                    cal.beside[f"{method} {_KEY[direction]}"] = [r.gb_per_s for r in results]
-                    # A loop that ran dry waited for the host: its slowdown says nothing.
-                    cal.slowdown[f"{method} {_KEY[direction]}"] = [
-                        None if r.dry_steps or not all(w["covered"] for w in r.windows) else r.step_slowdown
-                        for r in results]
+        points = [(m, d, b) for d in Direction for m in CANDIDATES for b in BESIDE_SIZES]
+        sources = {point: source(*point) for point in points}
+        for direction in Direction:  # made once: its pinned buffers are not allocated inside a window
+            bulk = BulkCopies(torch, direction.value, moved, device=f"cuda:{device}")
+            sources["bulk", direction, 0] = lambda bulk=bulk: bulk
+        got = meter.measure(loop, sources, **windows)
+        cal.bulk_slowdown = {_KEY[d]: got["bulk", d, 0].step_slowdown for d in Direction}
+        for direction in Direction:
+            for method in CANDIDATES:
+                results = [got[method, direction, b] for b in BESIDE_SIZES]
+                cal.beside[f"{method} {_KEY[direction]}"] = [r.gb_per_s for r in results]
+                # A loop that ran dry waited for the host: its slowdown says nothing.
+                cal.slowdown[f"{method} {_KEY[direction]}"] = [
+                    None if r.dry_steps or not all(w["covered"] for w in r.windows) else r.step_slowdown
+                    for r in results]
         return cal
 
 
