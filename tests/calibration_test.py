@@ -207,6 +207,25 @@ def test_a_lock_that_is_not_a_regular_file_is_refused(machine):
     assert measured == []
 
 
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_a_cache_that_is_not_a_regular_file_is_refused_without_blocking(machine, kind):
+    file, measured = machine
+    {"fifo": os.mkfifo, "directory": os.mkdir, "device": lambda f: os.symlink("/dev/zero", f)}[kind](file)
+    with pytest.raises(CalibrationCacheError, match=rf"^{re.escape(str(file))}: the calibration cache is not a "
+                                                    r"regular file \(remove it\)"):
+        calibration.calibration(0)
+    assert measured == []
+
+
+def test_a_cache_past_its_size_limit_is_refused_unread(machine, monkeypatch):
+    file, measured = machine
+    file.write_bytes(b" " * 64)
+    monkeypatch.setattr(calibration, "MAX_FILE_BYTES", 63)
+    with pytest.raises(CalibrationCacheError, match=r"corrupt calibration cache \(over 63 bytes\)"):
+        calibration.calibration(0)
+    assert measured == []
+
+
 def test_the_lock_file_is_not_truncated(machine):
     file, measured = machine
     lock = file.parent / "calibration.json.lock"

@@ -41,6 +41,7 @@ from kvoffload.vocabulary import Direction
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20]
 BESIDE_SIZES = [4 << 10, 64 << 10, 2 << 20]
 PATTERNS = ("scattered", "host_runs")
+MAX_FILE_BYTES = 16 << 20  # a cache file's entries take a few KiB a device
 RUN_BYTES = 256 << 10
 FORMAT = 12  # entries of another format (12: with the bulk copies' slowdown) are measured again
 
@@ -274,9 +275,20 @@ def _read(file: pathlib.Path, module: str = "kvoffload.calibration") -> dict:
     """The file's entries ({} if there is no file); CalibrationCacheError (whose advice is
     ``module``'s --recalibrate) if it is not a JSON object."""
     try:
-        text = file.read_bytes().decode("utf-8")
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO would block a plain open
     except FileNotFoundError:
         return {}
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CalibrationCacheError(f"{file}: the calibration cache is not a regular file (remove it)")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise _corrupt(file, f"over {MAX_FILE_BYTES} bytes", module)
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise _corrupt(file, f"not UTF-8: {e}", module) from None
     try:
