@@ -250,3 +250,10 @@ def test_the_extra_keys_become_handler_options_and_max_slowdown_belongs_to_pages
         handler_options({"kvoffload_method": "auto", "kvoffload_max_slowdown": "fast"})
     with pytest.raises(ValueError, match="kvoffload_max_slowdown: max_slowdown: must be a number >= 0"):
         handler_options({"kvoffload_method": "auto", "kvoffload_max_slowdown": True})
+
+
+@pytest.mark.parametrize("key", ["kvoffload_metod", "kvoffload_cpu_layot", "kvoffload_shm_name", "kvoffload_"])
+def test_an_unknown_kvoffload_key_is_refused_not_dropped(key):
+    with pytest.raises(ValueError, match=rf"kv_connector_extra_config: '{key}' is no kvoffload option; expected one "
+                                         r"of \['kvoffload_method', 'kvoffload_cpu_layout', 'kvoffload_max_slowdown'\]"):
+        handler_options({key: "pages_dma", "block_size": 32})

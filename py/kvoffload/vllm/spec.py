@@ -20,7 +20,13 @@ MAX_SLOWDOWN = "kvoffload_max_slowdown"  # with "kvoffload_method" "pages" (the 
 
 
 def handler_options(extra_config) -> dict:
-    """OffloadHandler's keyword arguments from vLLM's kv_connector_extra_config."""
+    """OffloadHandler's keyword arguments from vLLM's kv_connector_extra_config. A
+    kvoffload_ key that names none is refused: vLLM would drop it without a word."""
+    known = (*HANDLER_OPTIONS, MAX_SLOWDOWN)
+    for key in extra_config:
+        if isinstance(key, str) and key.startswith("kvoffload_") and key not in known:
+            raise ValueError(f"kv_connector_extra_config: {key!r} is no kvoffload option; "
+                             f"expected one of {list(known)}")
     options = {option: extra_config[key] for key, option in HANDLER_OPTIONS.items() if key in extra_config}
     if MAX_SLOWDOWN in extra_config:
         method = options.get("method", "pages")
