@@ -146,6 +146,33 @@ def test_a_background_pool_reports_readiness_and_progress(monkeypatch, capfd):
     pool.release()
 
 
+def test_a_forked_child_waiting_for_a_pool_pinned_in_the_background_is_told_it_never_will(monkeypatch):
+    gate = Gate(monkeypatch)
+    pool = HostPool(4 * MiB, pinned=False, options=PoolOptions(background=True, registration_bytes=MiB))
+    gate.blocked.wait()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, never return into pytest
+        try:
+            try:
+                outcome = f"returned {pool.wait(timeout=30)!r}"
+            except RuntimeError as e:
+                outcome = str(e)
+            os.write(write, outcome.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        outcome = f.read().decode()
+    os.waitpid(pid, 0)
+    assert re.fullmatch(rf"this pool was made in process {os.getpid()} and is pinned in the background there; in "
+                        r"process \d+, a child forked from it, its pinning thread did not survive the fork and "
+                        "the rest of it will never be pinned", outcome), outcome
+    gate.opened.set()
+    assert pool.wait() and pool.ready()  # the parent's pinning went on
+    pool.release()
+
+
 def test_small_pools_print_no_progress(capfd):
     HostPool(MiB, pinned=False).release()
     assert capfd.readouterr().err == ""

@@ -300,6 +300,10 @@ class HostPool:
         return self._wait_for(self.nbytes, timeout)
 
     def _wait_for(self, nbytes: int, timeout: float | None = None) -> bool:
+        if os.getpid() != self._pid and self._pinned_bytes < nbytes:  # before the lock: see _check_process
+            raise RuntimeError(f"this pool was made in process {self._pid} and is pinned in the background "
+                               f"there; in process {os.getpid()}, a child forked from it, its pinning thread "
+                               "did not survive the fork and the rest of it will never be pinned")
         with self._cond:
             done = self._cond.wait_for(lambda: self._pinned_bytes >= nbytes or self._error is not None
                                        or self._stop, timeout)
