@@ -4,6 +4,7 @@ and the same ordering rules as on a GPU."""
 import concurrent.futures
 import gc
 import linecache
+import os
 import signal
 import sys
 import threading
@@ -266,6 +267,34 @@ def test_read_only_memory_is_refused_by_name(tmp_path, which):
     writable = torch.from_numpy(np.memmap(path, mode="r+", dtype=np.uint8))
     handler = OffloadHandler([[cache]], 4, 2, host_buffer=writable)  # the same file, mapped for writing
     handler.shutdown()
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(page_bytes=32), TypeError, r"page_bytes: expected one entry per group \(an int or one per tensor\), got 32"),
+    (dict(page_bytes=[True]), TypeError, r"page_bytes\[0\]: expected an int or one per tensor, got True"),
+    (dict(host_pool={"background": True}), TypeError, r"host_pool: expected a kvoffload.PoolOptions, got dict"),
+    (dict(host_pool=kvoffload.host_pool.PoolOptions(shm_name="kvoffload-test-never-made"),
+          host_buffer=torch.zeros(4096, dtype=torch.uint8)), ValueError,
+     r"host_pool: options of a pool the handler makes; with host_buffer the pool is the caller's"),
+    (dict(expedited_loads="no"), TypeError, r"expedited_loads: expected True or False, got 'no'"),
+])
+def test_bad_handler_options_are_named(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        OffloadHandler([[torch.zeros((8, 64), dtype=torch.uint8)]], 4, 2, **kwargs)
+    assert not os.path.exists("/dev/shm/kvoffload-test-never-made")
+
+
+def test_a_job_id_that_names_no_job_is_refused():
+    handler = OffloadHandler([[torch.zeros((8, 64), dtype=torch.uint8)]], 4, 2)
+    try:
+        with pytest.raises(TypeError, match=r"job_id: must be hashable, got a list"):
+            handler.store(["a"], GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
+        for _ in range(2):
+            with pytest.raises(ValueError, match=r"job_id: NaN names no job"):
+                handler.store(float("nan"), GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
+        assert handler.get_finished() == []
+    finally:
+        handler.shutdown()
 
 
 def test_cpu_layout_with_cpu_places_is_named():

@@ -284,14 +284,16 @@ def test_without_registration_the_pool_comes_from_cuda_host_alloc(monkeypatch):
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(threads=0), r"threads: expected None or an int >= 1, got 0"),
+    (dict(threads=0), r"threads: expected None or an int in \[1, 4096\], got 0"),
+    (dict(threads=1 << 40), r"threads: expected None or an int in \[1, 4096\], got 1099511627776"),
+    (dict(register_threads=1 << 40), r"register_threads: expected an int in \[1, 4096\], got 1099511627776"),
     (dict(numa_node=-1), r"numa_node: expected None or an int >= 0, got -1"),
     (dict(registration_bytes=100), r"registration_bytes: expected an int >= 4096, got 100"),
     (dict(huge_pages="yes"), r"huge_pages: expected one of"),
     (dict(background="no"), r"background: expected True or False, got 'no'"),
     (dict(wait_for_pinning="no"), r"wait_for_pinning: expected True or False, got 'no'"),
     (dict(background=1), r"background: expected True or False, got 1"),
-    (dict(threads=True), r"threads: expected None or an int >= 1, got True"),
+    (dict(threads=True), r"threads: expected None or an int in \[1, 4096\], got True"),
     (dict(numa_node=False), r"numa_node: expected None or an int >= 0, got False"),
     (dict(registration_bytes=True), r"registration_bytes: expected an int >= 4096, got True"),
     (dict(progress_bytes="8G"), r"progress_bytes: expected an int >= 0, got '8G'"),
@@ -366,7 +368,7 @@ def test_registrations_done_at_once_grow_the_pinned_prefix_only(monkeypatch):
 
 def test_register_threads_must_be_a_positive_int():
     for bad in (0, -1, 1.5, None):
-        with pytest.raises(ValueError, match="register_threads: expected an int >= 1"):
+        with pytest.raises(ValueError, match=r"register_threads: expected an int in \[1, 4096\]"):
             PoolOptions(register_threads=bad)
 
 

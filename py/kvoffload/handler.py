@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import math
 import os
 import logging
 import threading
@@ -184,6 +185,16 @@ def _pool_and_layout(registry, gpu_tensors, pages, num_cpu_chunks, blocks_per_ch
     return pool, layout
 
 
+def _check_job_id(job_id) -> None:
+    """A job id names one job in wait() and get_finished(): hashable, and equal to itself."""
+    try:
+        hash(job_id)
+    except TypeError:
+        raise TypeError(f"job_id: must be hashable, got a {type(job_id).__name__}") from None
+    if isinstance(job_id, float) and math.isnan(job_id):
+        raise ValueError("job_id: NaN names no job (it equals nothing, itself included)")
+
+
 def _checked(registry, copy, **stream):
     """A job's copy, its tensors checked again where its lane starts it: one resized or
     swapped while the job waited behind others must not be written."""
@@ -246,6 +257,13 @@ class OffloadHandler:
         num_cpu_chunks = _chunks_per_group(num_cpu_chunks, len(gpu_tensors))
         if host_buffer is not None and not isinstance(host_buffer, torch.Tensor):
             raise TypeError(f"host_buffer: expected a CPU torch tensor, got {type(host_buffer).__name__}")
+        if host_pool is not None and not isinstance(host_pool, PoolOptions):
+            raise TypeError(f"host_pool: expected a kvoffload.PoolOptions, got {type(host_pool).__name__}")
+        if host_pool is not None and host_buffer is not None:
+            raise ValueError("host_pool: options of a pool the handler makes; with host_buffer the pool is the "
+                             "caller's, page-locked as it is")
+        if not isinstance(expedited_loads, bool):
+            raise TypeError(f"expedited_loads: expected True or False, got {expedited_loads!r}")
         if cpu_places is not None and cpu_layout is not None:
             raise ValueError(f"cpu_layout: {cpu_layout!r} cannot be given with cpu_places, which place the chunks")
         pages = tensor_pages(gpu_tensors, page_bytes)
@@ -320,6 +338,7 @@ class OffloadHandler:
     def _transfer(self, job_id: Hashable, direction: Direction, gpu: GPUSpec, cpu: CPUSpec,
                   expedite: bool) -> bool:
         self._check_process()
+        _check_job_id(job_id)
         self._wait_for_pinning(gpu, cpu, job_id)  # before the lock: other threads' calls go on
         with self._lock:
             self._start_unstarted()

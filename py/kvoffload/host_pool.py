@@ -29,6 +29,8 @@ from kvoffload.pool_memory import HUGE_PAGES, PinnedMemoryError, PoolMemory
 from kvoffload.pool_registrations import ChunkRun, registration_ends, split_at
 from kvoffload.shm_file import check_name
 
+MAX_THREADS = 1 << 12  # first-touch and registration threads a pool may ask for
+
 class PoolNotReadyError(RuntimeError):
     """A job needs chunks of a pool that are not pinned yet."""
 
@@ -69,12 +71,12 @@ class PoolOptions:
         for field in ("background", "wait_for_pinning"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"{field}: expected True or False, got {getattr(self, field)!r}")
-        if self.threads is not None and (not is_int(self.threads) or self.threads < 1):
-            raise ValueError(f"threads: expected None or an int >= 1, got {self.threads!r}")
+        if self.threads is not None and (not is_int(self.threads) or not 1 <= self.threads <= MAX_THREADS):
+            raise ValueError(f"threads: expected None or an int in [1, {MAX_THREADS}], got {self.threads!r}")
         if self.numa_node is not None and (not is_int(self.numa_node) or self.numa_node < 0):
             raise ValueError(f"numa_node: expected None or an int >= 0, got {self.numa_node!r}")
-        if not is_int(self.register_threads) or self.register_threads < 1:
-            raise ValueError(f"register_threads: expected an int >= 1, got {self.register_threads!r}")
+        if not is_int(self.register_threads) or not 1 <= self.register_threads <= MAX_THREADS:
+            raise ValueError(f"register_threads: expected an int in [1, {MAX_THREADS}], got {self.register_threads!r}")
         if not is_int(self.registration_bytes) or self.registration_bytes < 4096:
             raise ValueError(f"registration_bytes: expected an int >= 4096, got {self.registration_bytes!r}")
         if not is_int(self.progress_bytes) or self.progress_bytes < 0:

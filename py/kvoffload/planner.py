@@ -251,6 +251,8 @@ def tensor_pages(gpu: Sequence[Sequence], page_bytes: Sequence | None = None,
     """Bytes moved per block of every tensor, [group][tensor]: the whole block (each index
     of dim 0 must be contiguous, page_bytes or not), or ``page_bytes[g]`` (an int for the
     group, or one per tensor), at most that."""
+    if page_bytes is not None and (is_int(page_bytes) or not hasattr(page_bytes, "__len__")):
+        raise TypeError(f"page_bytes: expected one entry per group (an int or one per tensor), got {page_bytes!r}")
     if page_bytes is not None and len(page_bytes) != len(gpu):
         raise ValueError(f"page_bytes: has {len(page_bytes)} entries for {len(gpu)} groups")
     pages = []
@@ -263,6 +265,8 @@ def tensor_pages(gpu: Sequence[Sequence], page_bytes: Sequence | None = None,
         if is_int(given):
             given, where = [given] * len(blocks), [f"page_bytes[{g}]"] * len(blocks)
         else:
+            if not hasattr(given, "__len__"):
+                raise TypeError(f"page_bytes[{g}]: expected an int or one per tensor, got {given!r}")
             given = list(given)
             if len(given) != len(blocks):
                 raise ValueError(f"page_bytes[{g}]: has {len(given)} entries for {len(blocks)} tensors")
