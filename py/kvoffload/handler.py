@@ -236,7 +236,7 @@ class OffloadHandler:
     kvoffload.copy_methods object) plan every page on the host and copy raw pointers;
     "auto" picks among the others the fastest that slows a model beside it by at most
     ``max_slowdown`` (kvoffload.auto). With "auto", a device without a cached calibration
-    is measured here (kvoffload.calibration), taking a few minutes and 1 GiB each of
+    is measured here (kvoffload.calibration), taking a few minutes and 1.5 GiB each of
     pinned and device memory for the while; with ``Pages(max_slowdown=x)``, its page
     calibration (kvoffload.page_calibration: about two minutes, 3 GiB pinned and 1.5 GiB
     of device memory).
