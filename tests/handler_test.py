@@ -4,7 +4,6 @@ and the same ordering rules as on a GPU."""
 import concurrent.futures
 import gc
 import linecache
-import os
 import signal
 import sys
 import threading
@@ -281,7 +280,6 @@ def test_read_only_memory_is_refused_by_name(tmp_path, which):
 def test_bad_handler_options_are_named(kwargs, error, message):
     with pytest.raises(error, match=message):
         OffloadHandler([[torch.zeros((8, 64), dtype=torch.uint8)]], 4, 2, **kwargs)
-    assert not os.path.exists("/dev/shm/kvoffload-test-never-made")
 
 
 def test_a_job_id_that_names_no_job_is_refused():
@@ -290,11 +288,29 @@ def test_a_job_id_that_names_no_job_is_refused():
         with pytest.raises(TypeError, match=r"job_id: must be hashable, got a list"):
             handler.store(["a"], GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
         for _ in range(2):
-            with pytest.raises(ValueError, match=r"job_id: NaN names no job"):
-                handler.store(float("nan"), GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
+            for nan in (float("nan"), np.float32("nan")):
+                with pytest.raises(ValueError, match=r"job_id: NaN names no job"):
+                    handler.store(nan, GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
         assert handler.get_finished() == []
     finally:
         handler.shutdown()
+
+
+def test_only_the_bytes_of_a_cache_need_be_writable():
+    import ctypes
+    import mmap
+    memory = mmap.mmap(-1, 2 * mmap.PAGESIZE)
+    whole = torch.frombuffer(memory, dtype=torch.uint8)
+    second = ctypes.c_void_p(whole.data_ptr() + mmap.PAGESIZE)
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mprotect(second, mmap.PAGESIZE, mmap.PROT_READ) == 0
+    try:
+        handler = OffloadHandler([[whole[:mmap.PAGESIZE].view(8, -1)]], 4, 2)  # the first page: writable
+        handler.shutdown()
+        with pytest.raises(ValueError, match=r"^gpu_tensors\[0\]\[0\]: bytes \[0x[0-9a-f]+, 0x[0-9a-f]+\) are not writable"):
+            OffloadHandler([[whole.view(8, -1)]], 4, 2)
+    finally:
+        assert libc.mprotect(second, mmap.PAGESIZE, mmap.PROT_READ | mmap.PROT_WRITE) == 0
 
 
 def test_cpu_layout_with_cpu_places_is_named():

@@ -381,6 +381,8 @@ def cached(device: int | None, suffix: str, kind, measure_on, recalibrate: bool)
                     cal = measure_on(device)
                     if cal.key != key:
                         raise AssertionError(f"{kind.MODULE}: measured {cal.key!r} for {key!r}")
+                    if not cal.valid():  # a later read would refuse the whole file
+                        raise AssertionError(f"{kind.MODULE}: measured a calibration of {key!r} that is not valid")
                     try:
                         entries = _read(file, kind.MODULE)
                     except CalibrationCacheError:

@@ -36,12 +36,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import logging
 import math
 import os
-import logging
 import threading
 import weakref
 from typing import Hashable, Iterable, Sequence
+
+import numpy as np
 
 from kvoffload.batch_copy import load_kernels
 from kvoffload.host_pool import HostPool, PoolOptions
@@ -135,12 +137,11 @@ def _register_gpu_tensors(registry, gpu_tensors) -> None:
     differ, A[:, :32] and A), once: a tensor referenced by several groups again is only
     watched, so that a storage swapped under any reference is refused."""
     registered = set()
+    require_writable((f"gpu_tensors[{g}][{i}]", *tensor_span(t)) for g, group in enumerate(gpu_tensors)
+                     for i, t in enumerate(group) if t.device.type == "cpu")
     for g, group in enumerate(gpu_tensors):
         for i, t in enumerate(group):
             if t.numel():
-                if t.device.type == "cpu":
-                    storage = t.untyped_storage()
-                    require_writable(f"gpu_tensors[{g}][{i}]", storage.data_ptr(), storage.nbytes())
                 view = (str(t.device), t.data_ptr(), tuple(t.shape), t.stride())
                 if view in registered:
                     registry.watch(f"gpu_tensors[{g}][{i}]", t)
@@ -191,13 +192,13 @@ def _check_job_id(job_id) -> None:
         hash(job_id)
     except TypeError:
         raise TypeError(f"job_id: must be hashable, got a {type(job_id).__name__}") from None
-    if isinstance(job_id, float) and math.isnan(job_id):
+    if isinstance(job_id, (float, np.floating)) and math.isnan(job_id):
         raise ValueError("job_id: NaN names no job (it equals nothing, itself included)")
 
 
 def _checked(registry, copy, **stream):
-    """A job's copy, its tensors checked again where its lane starts it: one resized or
-    swapped while the job waited behind others must not be written."""
+    """A job's copy, its tensors checked again where its lane starts it (on a GPU: where
+    it is enqueued): one resized or swapped while the job waited there must not be written."""
     registry.check_tensors()
     copy(**stream)
 

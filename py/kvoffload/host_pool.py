@@ -132,7 +132,7 @@ class HostPool:
         held = buffer.numel() * buffer.element_size()
         if held < self.nbytes:
             raise ValueError(f"host_buffer: holds {held} bytes, the layout needs {self.nbytes}")
-        require_writable("host_buffer", buffer.data_ptr(), held)
+        require_writable([("host_buffer", buffer.data_ptr(), held)])
         self._buffer = self._tensor = buffer
         self.base = buffer.data_ptr()
         if self.pinned and held and not _C.is_pinned_host(self.base):
@@ -302,7 +302,10 @@ class HostPool:
         return self._wait_for(self.nbytes, timeout)
 
     def _wait_for(self, nbytes: int, timeout: float | None = None) -> bool:
-        if os.getpid() != self._pid and self._pinned_bytes < nbytes:  # before the lock: see _check_process
+        self._raise_error()
+        if self._stop:
+            return self._pinned_bytes >= nbytes
+        if os.getpid() != self._pid and self._pinned_bytes < nbytes:  # before the lock, which a thread may hold
             raise RuntimeError(f"this pool was made in process {self._pid} and is pinned in the background "
                                f"there; in process {os.getpid()}, a child forked from it, its pinning thread "
                                "did not survive the fork and the rest of it will never be pinned")
