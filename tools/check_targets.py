@@ -1,0 +1,158 @@
+"""Checks a bench/vllm_worker.py result against kvoffload's targets beside a model, one
+entry per run, layout and direction, and says by how much each target is missed.
+
+  python3 tools/check_targets.py --results=bench/results/<file>.json [--where=wheel=abc1234]
+
+A run is one process's rows of a layout (and wheel and host layout, where rows name
+them): the default's row (method "pages", else the forced path the default chose) is
+judged against the bulk copies and vLLM's worker of the same run. At 64 KiB the
+slowdown target is the step slowdown itself, as the targets give it (vLLM's worker's
+cost); at 4-16 KiB it is over bulk copies' slowdown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from absl import app, flags
+
+NOISE = 0.003  # |idle drift| of a window above which its slowdown is no result
+PEER_MARGIN = 0.003  # the default may cost this much more than vLLM's worker ...
+PEER_SHARE = 0.9  # ... where vLLM's worker moves at least this share of bulk copies' rate
+BOTH_PROCESSES = 90.0  # GB/s both ways at once (alone), in every process
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    gb_per_s: float  # beside the model, at least
+    slowdown: float  # at most
+    over_bulk: bool  # slowdown read over bulk copies' in the same run
+
+
+_LARGE = {"store": Target(53.0, 0.007, False), "load": Target(53.0, 0.007, False),
+          "both": Target(95.0, 0.010, False)}
+_SMALL = {"store": Target(50.0, 0.010, True), "load": Target(50.0, 0.010, True),
+          "both": Target(90.0, 0.020, True)}
+TARGETS = {"llama8b-64k": _LARGE, "tp8-8k": _SMALL, "4k": _SMALL, "16k": _SMALL}
+
+
+@dataclasses.dataclass
+class Verdict:
+    run: tuple  # (process, layout, direction, and the wheel and host layout where named)
+    checks: list[tuple[str, bool | None, str]]  # (what, met (None: not required), figures)
+
+
+def _run_key(row) -> tuple:
+    return (row.get("process"), row["layout"], row["direction"], row.get("wheel"), row.get("cpu_layout"),
+            row.get("workload"))
+
+
+def _default(rows):
+    """The default's row of one run: method "pages", else the forced path it chose."""
+    by_method = {r["method"]: r for r in rows}
+    if "pages" in by_method:
+        return by_method["pages"]
+    chosen = rows[0].get("chosen") or ""
+    halves = set(chosen.split("/"))
+    return by_method.get(halves.pop()) if len(halves) == 1 else None
+
+
+def _cost(row, bulk, over_bulk: bool) -> float:
+    return row["step_slowdown"] - (bulk["step_slowdown"] if over_bulk else 0.0)
+
+
+def _noisy(rows) -> list[str]:
+    return [f"{r['method']} {w['idle_drift']:+.2%}" for r in rows for w in r.get("windows", [])
+            if abs(w["idle_drift"]) > NOISE]
+
+
+def check(rows: list[dict]) -> list[Verdict]:
+    """A Verdict per run whose rows were measured beside the model, in file order."""
+    verdicts = []
+    for key, run in _runs(rows).items():
+        by_method = {r["method"]: r for r in run}
+        default, bulk, peer = _default(run), by_method.get("bulk"), by_method.get("vllm_worker")
+        if default is None or bulk is None:
+            continue
+        checks = []
+        target = TARGETS.get(key[1], {}).get(key[2])
+        if target is not None:
+            rate = default["gb_per_s_beside"]
+            checks.append((f"rate >= {target.gb_per_s:g} GB/s", rate >= target.gb_per_s,
+                           f"{rate:.1f}" + ("" if rate >= target.gb_per_s else f", short by {target.gb_per_s - rate:.1f}")))
+            cost = _cost(default, bulk, target.over_bulk)
+            what = f"slowdown{' over bulk' if target.over_bulk else ''} <= {target.slowdown:+.1%}"
+            checks.append((what, cost <= target.slowdown, f"{cost:+.2%}" + (
+                "" if cost <= target.slowdown else f", over by {cost - target.slowdown:.2%}") +
+                f" (bulk {bulk['step_slowdown']:+.2%})"))
+        if peer is not None:
+            for field, name in (("gb_per_s", "alone"), ("gb_per_s_beside", "beside")):
+                ours, theirs = default[field], peer[field]
+                checks.append((f">= vLLM's worker's rate {name}", ours >= theirs, f"{ours:.1f} against {theirs:.1f}"))
+            share = peer["gb_per_s_beside"] / bulk["gb_per_s_beside"] if bulk["gb_per_s_beside"] else 0.0
+            limit = peer["step_slowdown"] + PEER_MARGIN
+            required = share >= PEER_SHARE
+            checks.append((f"slowdown <= vLLM's + {PEER_MARGIN:.1%}", default["step_slowdown"] <= limit if required
+                           else None, f"{default['step_slowdown']:+.2%} against {peer['step_slowdown']:+.2%}, vLLM's "
+                           f"worker at {share:.0%} of bulk" + ("" if required else " (not required)")))
+        noisy = _noisy(run)
+        checks.append((f"every window's |idle drift| <= {NOISE:.1%}", not noisy, ", ".join(noisy) or "all"))
+        verdicts.append(Verdict(key, checks))
+    return verdicts
+
+
+def both_in_every_process(rows: list[dict]) -> dict[str, tuple[int, int, list]]:
+    """Per layout: (processes whose default moved >= BOTH_PROCESSES GB/s both ways at once,
+    alone; processes with such a row; their dropped_handlers and connections)."""
+    out: dict[str, dict] = {}
+    for key, run in _runs(rows, "both", beside=False).items():
+        default = _default(run)
+        if default is not None:
+            out.setdefault(key[1], {}).setdefault(key[0], []).append(default)
+    return {layout: (sum(all(r["gb_per_s"] >= BOTH_PROCESSES for r in got) for got in by_process.values()),
+                     len(by_process),
+                     sorted({(r.get("dropped_handlers"), r.get("connections")) for got in by_process.values()
+                             for r in got}, key=str))
+            for layout, by_process in out.items()}
+
+
+def _runs(rows, direction=None, beside=True) -> dict[tuple, list[dict]]:
+    """The rows by run (of one direction, if given; only those measured beside the model,
+    with ``beside``)."""
+    runs: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if (not beside or row.get("step_slowdown") is not None) and direction in (None, row["direction"]):
+            runs.setdefault(_run_key(row), []).append(row)
+    return runs
+
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("results", None, "A bench/vllm_worker.py JSON file.")
+flags.DEFINE_string("where", "", "Only rows with this key=value (for example wheel=606b7c7).")
+
+
+def main(argv):
+    del argv
+    if not FLAGS.results:
+        raise app.UsageError("--results: a bench/vllm_worker.py JSON file")
+    with open(FLAGS.results) as f:
+        rows = json.load(f)["rows"]
+    if FLAGS.where:
+        key, value = FLAGS.where.split("=", 1)
+        rows = [r for r in rows if str(r.get(key)) == value]
+    met = total = 0
+    for verdict in check(rows):
+        process, layout, direction, *rest = verdict.run
+        print(f"{layout} {direction} ({', '.join(str(v) for v in (process, *rest) if v is not None)})")
+        for what, ok, figures in verdict.checks:
+            print(f"  {'met   ' if ok else 'missed' if ok is False else '-     '} {what}: {figures}")
+            met, total = met + bool(ok), total + (ok is not None)
+    for layout, (good, processes, settings) in both_in_every_process(rows).items():
+        print(f"{layout}: both ways at once >= {BOTH_PROCESSES:g} GB/s alone in {good} of {processes} processes "
+              f"(dropped handlers, hardware queues: {settings})")
+    print(f"{met} of {total} checks met")
+
+
+if __name__ == "__main__":
+    app.run(main)
