@@ -156,7 +156,7 @@ def test_a_file_others_may_read_or_write_is_refused(name, mode):
     path = f"/dev/shm/{name}"
     plant(path, mode)
     try:
-        refused(name, rf"has mode {mode:04o}, wider than 0600 \(other users could read or write the pool\)")
+        refused(name, rf"has mode {mode:04o}, wider than 0600 \(other users could read or write it\)")
         assert stat.S_IMODE(os.stat(path).st_mode) == mode
     finally:
         os.unlink(path)

@@ -81,6 +81,20 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def planted(st: os.stat_result) -> str | None:
+    """Why a file with these stats is not one to share KV bytes through (another user
+    could have planted it or could read it), or None: a regular file of this user, mode
+    0600 or narrower."""
+    if not stat.S_ISREG(st.st_mode):
+        return f"is {_kind(st.st_mode)}, not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & ~0o600:
+        return f"has mode {mode:04o}, wider than 0600 (other users could read or write it)"
+    return None
+
+
 class SharedFile:
     """The file ``name`` in ``directory``, ``nbytes`` long, open and locked (shared).
 
@@ -127,14 +141,9 @@ class SharedFile:
         return fd
 
     def _check(self, st: os.stat_result) -> None:
-        if not stat.S_ISREG(st.st_mode):
-            raise self._refuse(f"is {_kind(st.st_mode)}, not a regular file")
-        if st.st_uid != os.geteuid():
-            raise self._refuse(f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
-        mode = stat.S_IMODE(st.st_mode)
-        if mode & ~0o600:
-            raise self._refuse(f"has mode {mode:04o}, wider than 0600 (other users could read "
-                               "or write the pool)")
+        why = planted(st)
+        if why is not None:
+            raise self._refuse(why)
 
     def _attach(self) -> bool:
         fd = self._open_existing()

@@ -13,9 +13,13 @@ apply, but for ``kvoffload_cpu_layout``: the layout is the region's.
 """
 from __future__ import annotations
 
+import errno
+import os
+
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
+from kvoffload.shm_file import planted
 from kvoffload.vllm.region_worker import KVOffloadRegionWorker
 from kvoffload.vllm.spec import handler_options
 
@@ -49,6 +53,7 @@ class KVOffloadTieringSpec(TieringOffloadingSpec):
             cpu_page_size=self.cpu_page_size_per_worker,
         )
         try:
+            _require_private(region)
             if canonical:
                 self._validate_canonical_refs(kv_caches)  # vLLM's: every ref has a mapping
             return KVOffloadRegionWorker(kv_caches, self.blocks_per_chunk, self.num_chunks, region,
@@ -63,3 +68,20 @@ class KVOffloadTieringSpec(TieringOffloadingSpec):
         if self._worker is None:
             self._worker = self.create_worker(kv_caches)
         return self._worker
+
+
+def _require_private(region: SharedOffloadRegion) -> None:
+    """vLLM's region joins a file already under its name as it finds it: one that another
+    user planted there (an engine id is no secret) would share the KV cache with them."""
+    opened = os.fstat(region.fd)
+    try:
+        named = os.lstat(region.mmap_path)
+    except FileNotFoundError:
+        named = None
+    why = planted(opened)
+    if why is None and (named is None or (named.st_dev, named.st_ino) != (opened.st_dev, opened.st_ino)):
+        why = "is a symbolic link, or no longer the file opened"
+    if why is not None:
+        raise PermissionError(errno.EPERM, f"{region.mmap_path} {why}; refusing vLLM's shared region, which "
+                                           "another user could have planted (remove it, or give the engine an "
+                                           "unguessable kv_transfer_config engine_id)", region.mmap_path)
