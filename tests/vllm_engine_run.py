@@ -18,6 +18,7 @@ process, which imports this module as the spec's module (``FailingLoadsSpec``), 
 user's engine would run.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -177,6 +178,7 @@ class Tally:
 
 WORKERS = []
 TALLY = Tally()
+REGION_FILES = []  # removed at exit
 
 
 def _fail_loads(handler):
@@ -288,6 +290,8 @@ def run(opts: RunOptions) -> dict:
         kwargs["kv_transfer_config"] = KVTransferConfig(
             kv_connector="OffloadingConnector", kv_role="kv_both",
             kv_connector_extra_config=connector, **extra)
+        # vLLM's shared region of the tiering spec, which only a shutdown this run skips removes.
+        REGION_FILES.append(f"/dev/shm/vllm_offload_{kwargs['kv_transfer_config'].engine_id}.mmap")
     # 2 layers of K and V, 32 tokens of 2 heads of 64 float32s: 64 KiB a block.
     blocks = opts.gpu_blocks if opts.gpu_blocks is not None else 1024
     kwargs.update(num_gpu_blocks_override=blocks, kv_cache_memory_bytes=blocks * BLOCK_BYTES,
@@ -342,6 +346,9 @@ def main(argv):
     with open(argv[2], "w") as f:
         json.dump(result, f)
     # vLLM's shutdown of a failed engine can hang; the result is written.
+    for path in REGION_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
     sys.stdout.flush(), sys.stderr.flush()
     os._exit(0)
 
