@@ -342,13 +342,15 @@ def run(opts: RunOptions) -> dict:
 
 def main(argv):
     opts = RunOptions(**json.loads(argv[1]))
-    result = run(opts)
+    try:
+        result = run(opts)
+    finally:
+        for path in REGION_FILES:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
     with open(argv[2], "w") as f:
         json.dump(result, f)
     # vLLM's shutdown of a failed engine can hang; the result is written.
-    for path in REGION_FILES:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
     sys.stdout.flush(), sys.stderr.flush()
     os._exit(0)
 

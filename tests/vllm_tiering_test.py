@@ -115,31 +115,38 @@ def test_the_factory_selects_the_spec_and_the_pool_is_the_region(tmp_path):
     assert not os.path.exists(region_path(spec))
 
 
-@pytest.mark.parametrize("plant", ["mode 0644", "another owner", "a symbolic link"])
+LINKED = r"is a symbolic link or a second link to a file, or no longer the file opened"
+
+
+@pytest.mark.parametrize("plant", ["mode 0644", "another owner", "a symbolic link", "a hard link"])
 def test_a_region_file_another_user_could_have_planted_is_refused_and_left_unwritten(tmp_path, monkeypatch, plant):
     spec = OffloadingSpecFactory.create_spec(config(extra(tmp_path)))
     path = region_path(spec)
-    planted = tmp_path / "victim" if plant == "a symbolic link" else path
+    # What the region's name leads to: the file itself, or a file of this user it links to.
+    planted = {"a symbolic link": str(tmp_path / "victim"), "a hard link": f"{path}.victim"}.get(plant, path)
     poison = bytes([POISON % 256]) * (spec.num_chunks * 8192)
     with open(os.open(planted, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600), "wb") as f:
         f.write(poison)
+    owner, me = os.geteuid(), os.geteuid() + 4242
     try:
         if plant == "a symbolic link":
             os.symlink(planted, path)
+        elif plant == "a hard link":
+            os.link(planted, path)
         elif plant == "mode 0644":
             os.chmod(path, 0o644)
-        owner, me = os.geteuid(), os.geteuid() + 4242
-        if plant == "another owner":  # this process becomes another user: the file is no longer its own
+        else:  # this process becomes another user: the file is no longer its own
             monkeypatch.setattr(os, "geteuid", lambda: me)
-        why = {"mode 0644": r"has mode 0644, wider than 0600", "a symbolic link": r"is a symbolic link, or no longer "
-               r"the file opened", "another owner": rf"is owned by uid {owner}, not by this user \(uid {me}\)"}[plant]
+        why = {"mode 0644": r"has mode 0644, wider than 0600", "a symbolic link": LINKED, "a hard link": LINKED,
+               "another owner": rf"is owned by uid {owner}, not by this user \(uid {me}\)"}[plant]
         cache = VllmCache(np.random.default_rng(0), ROWS, REFS, NUM_BLOCKS)
         with pytest.raises(PermissionError, match=rf"{re.escape(path)} {why}.*; refusing vLLM's shared region"):
             spec.get_worker(cache.kv_caches)
         with open(planted, "rb") as f:
             assert f.read() == poison
     finally:
-        os.unlink(path)
+        for name in {path, planted} - {str(tmp_path / "victim")}:
+            os.unlink(name)
 
 
 @pytest.mark.parametrize("refs", [REFS, HYBRID], ids=["one group", "hybrid: two groups share tensors"])

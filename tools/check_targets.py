@@ -5,9 +5,13 @@ entry per run, layout and direction, and says by how much each target is missed.
 
 A run is one process's rows of a layout (and wheel and host layout, where rows name
 them): the default's row (method "pages", else the forced path the default chose) is
-judged against the bulk copies and vLLM's worker of the same run. At 64 KiB the
-slowdown target is the step slowdown itself, as the targets give it (vLLM's worker's
-cost); at 4-16 KiB it is over bulk copies' slowdown.
+judged against the bulk copies and vLLM's worker of the same run. Beside the prefill
+loop (workload "model") the 64 KiB slowdown target is the step slowdown itself, as the
+targets give it (vLLM's worker's cost there); beside another loop, and at 4-16 KiB, it is
+over bulk copies' slowdown. A run with a window over the noise target gets no slowdown
+verdict. Both ways at once must reach BOTH_PROCESSES GB/s alone in every one of at least
+BOTH_RUNS processes, at 8 and at 32 hardware queues among them, each after BOTH_DROPPED
+handlers were made and dropped.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ NOISE = 0.003  # |idle drift| of a window above which its slowdown is no result
 PEER_MARGIN = 0.003  # the default may cost this much more than vLLM's worker ...
 PEER_SHARE = 0.9  # ... where vLLM's worker moves at least this share of bulk copies' rate
 BOTH_PROCESSES = 90.0  # GB/s both ways at once (alone), in every process
+BOTH_RUNS = 8  # processes
+BOTH_DROPPED = 3  # handlers made and dropped in each before the measured one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,17 +81,19 @@ def check(rows: list[dict]) -> list[Verdict]:
         default, bulk, peer = _default(run), by_method.get("bulk"), by_method.get("vllm_worker")
         if default is None or bulk is None:
             continue
+        noisy = _noisy(run)
         checks = []
         target = TARGETS.get(key[1], {}).get(key[2])
         if target is not None:
             rate = default["gb_per_s_beside"]
             checks.append((f"rate >= {target.gb_per_s:g} GB/s", rate >= target.gb_per_s,
                            f"{rate:.1f}" + ("" if rate >= target.gb_per_s else f", short by {target.gb_per_s - rate:.1f}")))
-            cost = _cost(default, bulk, target.over_bulk)
-            what = f"slowdown{' over bulk' if target.over_bulk else ''} <= {target.slowdown:+.1%}"
-            checks.append((what, cost <= target.slowdown, f"{cost:+.2%}" + (
+            over_bulk = target.over_bulk or key[5] not in (None, "model")
+            cost = _cost(default, bulk, over_bulk)
+            what = f"slowdown{' over bulk' if over_bulk else ''} <= {target.slowdown:+.1%}"
+            checks.append((what, None if noisy else cost <= target.slowdown, f"{cost:+.2%}" + (
                 "" if cost <= target.slowdown else f", over by {cost - target.slowdown:.2%}") +
-                f" (bulk {bulk['step_slowdown']:+.2%})"))
+                f" (bulk {bulk['step_slowdown']:+.2%})" + (" (noisy: no result)" if noisy else "")))
         if peer is not None:
             for field, name in (("gb_per_s", "alone"), ("gb_per_s_beside", "beside")):
                 ours, theirs = default[field], peer[field]
@@ -93,28 +101,34 @@ def check(rows: list[dict]) -> list[Verdict]:
             share = peer["gb_per_s_beside"] / bulk["gb_per_s_beside"] if bulk["gb_per_s_beside"] else 0.0
             limit = peer["step_slowdown"] + PEER_MARGIN
             required = share >= PEER_SHARE
-            checks.append((f"slowdown <= vLLM's + {PEER_MARGIN:.1%}", default["step_slowdown"] <= limit if required
-                           else None, f"{default['step_slowdown']:+.2%} against {peer['step_slowdown']:+.2%}, vLLM's "
-                           f"worker at {share:.0%} of bulk" + ("" if required else " (not required)")))
-        noisy = _noisy(run)
+            checks.append((f"slowdown <= vLLM's + {PEER_MARGIN:.1%}",
+                           default["step_slowdown"] <= limit if required and not noisy else None,
+                           f"{default['step_slowdown']:+.2%} against {peer['step_slowdown']:+.2%}, vLLM's worker at "
+                           f"{share:.0%} of bulk beside" + ("" if required else " (not required)") +
+                           (" (noisy: no result)" if noisy and required else "")))
         checks.append((f"every window's |idle drift| <= {NOISE:.1%}", not noisy, ", ".join(noisy) or "all"))
         verdicts.append(Verdict(key, checks))
     return verdicts
 
 
-def both_in_every_process(rows: list[dict]) -> dict[str, tuple[int, int, list]]:
-    """Per layout: (processes whose default moved >= BOTH_PROCESSES GB/s both ways at once,
-    alone; processes with such a row; their dropped_handlers and connections)."""
-    out: dict[str, dict] = {}
+def both_in_every_process(rows: list[dict]) -> list[tuple[str, bool, str]]:
+    """Per layout: (layout, met, figures): the default moved >= BOTH_PROCESSES GB/s both
+    ways at once, alone, in every one of at least BOTH_RUNS processes that each dropped
+    BOTH_DROPPED handlers first, at 8 and at 32 hardware queues among them."""
+    rates: dict[str, dict] = {}
     for key, run in _runs(rows, "both", beside=False).items():
         default = _default(run)
-        if default is not None:
-            out.setdefault(key[1], {}).setdefault(key[0], []).append(default)
-    return {layout: (sum(all(r["gb_per_s"] >= BOTH_PROCESSES for r in got) for got in by_process.values()),
-                     len(by_process),
-                     sorted({(r.get("dropped_handlers"), r.get("connections")) for got in by_process.values()
-                             for r in got}, key=str))
-            for layout, by_process in out.items()}
+        if default is not None and (default.get("dropped_handlers") or 0) >= BOTH_DROPPED:
+            rates.setdefault(key[1], {}).setdefault(key[0], []).append(default)
+    out = []
+    for layout, by_process in rates.items():
+        lowest = {p: min(r["gb_per_s"] for r in got) for p, got in by_process.items()}
+        queues = {r.get("connections") for got in by_process.values() for r in got}
+        good = sum(rate >= BOTH_PROCESSES for rate in lowest.values())
+        ok = good == len(lowest) >= BOTH_RUNS and {"8", "32"} <= queues
+        out.append((layout, ok, f"{good} of {len(lowest)} processes at {sorted(queues, key=str)} hardware queues, "
+                                f"the lowest {min(lowest.values()):.3f} GB/s"))
+    return out
 
 
 def _runs(rows, direction=None, beside=True) -> dict[tuple, list[dict]]:
@@ -148,9 +162,11 @@ def main(argv):
         for what, ok, figures in verdict.checks:
             print(f"  {'met   ' if ok else 'missed' if ok is False else '-     '} {what}: {figures}")
             met, total = met + bool(ok), total + (ok is not None)
-    for layout, (good, processes, settings) in both_in_every_process(rows).items():
-        print(f"{layout}: both ways at once >= {BOTH_PROCESSES:g} GB/s alone in {good} of {processes} processes "
-              f"(dropped handlers, hardware queues: {settings})")
+    for layout, ok, figures in both_in_every_process(rows):
+        print(f"{layout}, both ways at once in every process")
+        print(f"  {'met   ' if ok else 'missed'} >= {BOTH_PROCESSES:g} GB/s alone in each of >= {BOTH_RUNS} processes "
+              f"after {BOTH_DROPPED} dropped handlers, at 8 and 32 hardware queues: {figures}")
+        met, total = met + ok, total + 1
     print(f"{met} of {total} checks met")
 
 

@@ -74,14 +74,17 @@ def _require_private(region: SharedOffloadRegion) -> None:
     """vLLM's region joins a file already under its name as it finds it: one that another
     user planted there (an engine id is no secret) would share the KV cache with them."""
     opened = os.fstat(region.fd)
-    try:
-        named = os.lstat(region.mmap_path)
-    except FileNotFoundError:
-        named = None
-    why = planted(opened)
-    if why is None and (named is None or (named.st_dev, named.st_ino) != (opened.st_dev, opened.st_ino)):
-        why = "is a symbolic link, or no longer the file opened"
-    if why is not None:
-        raise PermissionError(errno.EPERM, f"{region.mmap_path} {why}; refusing vLLM's shared region, which "
-                                           "another user could have planted (remove it, or give the engine an "
-                                           "unguessable kv_transfer_config engine_id)", region.mmap_path)
+    # vLLM maps a region of several segments from files it opens by name: each must be one.
+    for path, offset, _ in getattr(region, "_segments", [(region.mmap_path, 0, 0)]):
+        try:
+            named = os.lstat(path)
+        except FileNotFoundError:
+            named = None
+        why = planted(named if named is not None and offset else opened)
+        if why is None and (named is None or named.st_nlink != 1 or offset == 0 and (
+                named.st_dev, named.st_ino) != (opened.st_dev, opened.st_ino)):
+            why = "is a symbolic link or a second link to a file, or no longer the file opened"
+        if why is not None:
+            raise PermissionError(errno.EPERM, f"{path} {why}; refusing vLLM's shared region, which another "
+                                               "user could have planted (remove it, or give the engine an "
+                                               "unguessable kv_transfer_config engine_id)", path)
