@@ -45,8 +45,8 @@ TARGETS = {"llama8b-64k": _LARGE, "tp8-8k": _SMALL, "4k": _SMALL, "16k": _SMALL}
 
 @dataclasses.dataclass
 class Verdict:
-    run: tuple  # (process, layout, direction, and the wheel and host layout where named)
-    checks: list[tuple[str, bool | None, str]]  # (what, met (None: not required), figures)
+    run: tuple  # (process, layout, direction, wheel, host layout, workload): None where unnamed
+    checks: list[tuple[str, bool | None, str]]  # (what, met (None: not required, or noisy), figures)
 
 
 def _run_key(row) -> tuple:

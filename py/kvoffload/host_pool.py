@@ -31,6 +31,7 @@ from kvoffload.shm_file import check_name
 
 MAX_THREADS = 1 << 12  # first-touch and registration threads a pool may ask for
 
+
 class PoolNotReadyError(RuntimeError):
     """A job needs chunks of a pool that are not pinned yet."""
 
