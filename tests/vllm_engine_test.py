@@ -174,8 +174,11 @@ def test_blocks_evicted_to_the_fs_tier_come_back_with_the_same_tokens_canonical_
     assert m["vllm:kv_offload_tiering_read_bytes"] > 0, "nothing was promoted from the fs tier"
     assert on["worker"]["pool_bytes"] == 16 * BLOCK_BYTES
     _assert_stats_agree(on)
-    # Every byte promoted from disk reached the GPU through kvoffload's loads.
-    assert m["vllm:kv_offload_load_bytes"] >= m["vllm:kv_offload_tiering_read_bytes"]
+    # vLLM may promote a block, evict it before its load and promote it again, so reads can
+    # exceed loads. Pass 2's prompts are distinct: at most the pool's 16 blocks load without
+    # a promotion, so loads beyond them went from disk through kvoffload.
+    assert m["vllm:kv_offload_load_bytes"] > on["worker"]["pool_bytes"], m
+    assert m["vllm:kv_offload_load_bytes"] == m["vllm:external_prefix_cache_hits"] * BLOCK_BYTES // BLOCK_SIZE
     assert poisoned["tier_files_poisoned"] >= 6 * 8 * 0.5
     assert poisoned["passes"][0] == base["passes"][0]
     assert _differ(poisoned["passes"][1], base["passes"][1]) > 0, \
