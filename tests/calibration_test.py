@@ -126,6 +126,8 @@ CORRUPT = {
     "a list": b"[1, 2]",
     "a number": b"9",
     "not UTF-8": b'{"fake GPU 0": "\xff\xfe"}',
+    "nested past the parser's recursion limit": b"[" * 100_000 + b"]" * 100_000,
+    "an int past the parser's digit limit": b'{"fake GPU 0": ' + b"1" * 5_000 + b"}",
     # Entries that do not hold a calibration; another device's good entry beside them.
     "an entry that is no object": json.dumps({"fake GPU 0": 5, "other GPU": _good_entry("other GPU")}).encode(),
     "an entry with unknown fields": json.dumps({"fake GPU 0": {"format": calibration.FORMAT, "speed": 1},
@@ -212,7 +214,7 @@ def test_a_cache_that_is_not_a_regular_file_is_refused_without_blocking(machine,
     file, measured = machine
     {"fifo": os.mkfifo, "directory": os.mkdir, "device": lambda f: os.symlink("/dev/zero", f)}[kind](file)
     with pytest.raises(CalibrationCacheError, match=rf"^{re.escape(str(file))}: the calibration cache is not a "
-                                                    r"regular file \(remove it\)"):
+                                                    r"regular file; refusing it \(remove it"):
         calibration.calibration(0)
     assert measured == []
 
@@ -224,6 +226,36 @@ def test_a_cache_past_its_size_limit_is_refused_unread(machine, monkeypatch):
     with pytest.raises(CalibrationCacheError, match=r"corrupt calibration cache \(over 63 bytes\)"):
         calibration.calibration(0)
     assert measured == []
+
+
+@pytest.mark.parametrize("which", ["cache", "lock"])
+@pytest.mark.parametrize("how", ["another user's", "writable by any user"])
+def test_a_cache_or_lock_another_user_could_have_planted_is_refused(machine, which, how):
+    # A planted cache would steer the choice of copy method; a lock another user can
+    # open, they could hold, and every calibration here would wait for them.
+    file, measured = machine
+    planted = file if which == "cache" else file.parent / "calibration.json.lock"
+    planted.write_text(json.dumps({"fake GPU 0": dataclasses.asdict(fake("fake GPU 0"))}) if which == "cache" else "")
+    if how == "another user's":
+        os.chown(planted, 65534, 65534)
+    else:
+        os.chmod(planted, 0o666)
+    before = planted.read_bytes()
+    why = r"is owned by uid 65534, not by this user \(uid \d+\) or root" if how == "another user's" else "has mode 0666: any user may write it"
+    with pytest.raises(CalibrationCacheError, match=rf"^{re.escape(str(planted))}: the calibration {which} {why}; "
+                                                    "refusing it"):
+        calibration.calibration(0)
+    assert measured == [] and planted.read_bytes() == before
+
+
+def test_the_lock_file_only_its_owner_may_open(machine):
+    file, measured = machine
+    calibration.calibration(0)
+    lock = file.parent / "calibration.json.lock"
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o600
+    os.chmod(lock, 0o644)  # as an earlier version made it
+    calibration.calibration(0, recalibrate=True)
+    assert measured == [0, 0] and stat.S_IMODE(lock.stat().st_mode) == 0o600
 
 
 def test_the_lock_file_is_not_truncated(machine):

@@ -4,6 +4,7 @@ tensors, tensors shared by groups, and the errors that name the field."""
 
 import collections
 import concurrent.futures
+import ctypes
 import os
 import select
 import signal
@@ -197,7 +198,18 @@ def swap_data(t):
     t.data = torch.zeros_like(t)
 
 
-SWAPS = [swap_set, swap_resize_larger, swap_resize_smaller, swap_data]
+def swap_storage_freed(t):
+    # Frees the memory under the held storage, then set_()s the tensor onto a new storage
+    # at that address, as one the allocator hands on there would be: data_ptr, shape and
+    # strides are as registered.
+    address, shape, stride = t.data_ptr(), t.shape, t.stride()
+    t.untyped_storage().resize_(0)
+    at_address = (ctypes.c_uint8 * (t.numel() * t.element_size())).from_address(address)
+    t.set_(torch.from_numpy(np.ctypeslib.as_array(at_address)).untyped_storage(), 0, shape, stride)
+    assert (t.data_ptr(), t.shape, t.stride()) == (address, shape, stride)
+
+
+SWAPS = [swap_set, swap_resize_larger, swap_resize_smaller, swap_data, swap_storage_freed]
 
 
 def swappable_handler(rng):
@@ -271,3 +283,41 @@ def test_a_reversed_view_is_refused_as_a_negative_stride():
     with pytest.raises(ValueError, match=r"gpu_tensors\[0\]\[0\]: has a negative stride \(-8 in dim 0, a reversed "
                                          r"view\); blocks must run forward"):
         tensor_pages([[ReversedView()]])
+
+
+def test_the_pool_of_a_live_handler_cannot_be_released_under_its_jobs():
+    handler, model = small_handler()
+    with pytest.raises(RuntimeError, match=r"release: the pool is held by OffloadHandler, whose jobs copy into "
+                                           r"it; its shutdown\(\) releases the pool"):
+        handler.pool.release()
+    run_job(handler, model, "s", "store", [0, 1], [2], [0], [0])  # still mapped: the store lands in it
+    check(handler, model)
+    pool = handler.pool
+    handler.shutdown()
+    assert pool.memory is None or pool.array.size == 0  # released by shutdown()
+    pool.release()  # idempotent, and no longer held
+
+
+def test_an_interrupted_shutdown_leaves_the_handler_usable(monkeypatch):
+    handler, model = small_handler()
+    assert handler.store("s", GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
+    real = handler._lanes.wait
+    calls = []
+
+    def interrupted(handle):
+        calls.append(handle)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(handle)
+
+    monkeypatch.setattr(handler._lanes, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        handler.shutdown()
+    handler.wait("s")
+    assert [(r.job_id, r.success) for r in handler.get_finished()] == [("s", True)]
+    model.store([0, 1], [2], [0], [0])
+    run_job(handler, model, "l", "load", [4, 5], [2], [0], [0])
+    check(handler, model)
+    handler.shutdown()
+    with pytest.raises(RuntimeError, match="the handler is shut down"):
+        handler.store("t", GPUSpec([0, 1], [2], [0]), CPUSpec([0]))

@@ -282,11 +282,27 @@ def test_bad_handler_options_are_named(kwargs, error, message):
         OffloadHandler([[torch.zeros((8, 64), dtype=torch.uint8)]], 4, 2, **kwargs)
 
 
+@pytest.mark.parametrize("gpu_tensors, message", [
+    ("ab", r"gpu_tensors: expected a sequence, got a str"),
+    ([torch.zeros((8, 64), dtype=torch.uint8)], r"gpu_tensors\[0\]: expected a sequence, got a Tensor"),
+    ([[np.zeros((8, 64), np.uint8)]], r"gpu_tensors\[0\]\[0\]: expected a torch tensor, got a ndarray"),
+    ([[torch.zeros((8, 64), dtype=torch.uint8)], [None]], r"gpu_tensors\[1\]\[0\]: expected a torch tensor, got a NoneType"),
+])
+def test_gpu_tensors_that_are_not_groups_of_tensors_are_named(gpu_tensors, message):
+    with pytest.raises(TypeError, match=message):
+        OffloadHandler(gpu_tensors, 4, 2)
+
+
 def test_a_job_id_that_names_no_job_is_refused():
     handler = OffloadHandler([[torch.zeros((8, 64), dtype=torch.uint8)]], 4, 2)
     try:
         with pytest.raises(TypeError, match=r"job_id: must be hashable, got a list"):
             handler.store(["a"], GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
+        for job_ids in ([["a"]], torch.tensor(1), np.array(1)):
+            with pytest.raises(TypeError, match=r"job_ids: expected a job id or an iterable of job ids"):
+                handler.wait(job_ids)
+        with pytest.raises(TypeError, match=r"expedite: expected True or False, got 'no'"):
+            handler.load("l", CPUSpec([0]), GPUSpec([0, 1], [2], [0]), expedite="no")
         for _ in range(2):
             for nan in (float("nan"), np.float32("nan")):
                 with pytest.raises(ValueError, match=r"job_id: NaN names no job"):

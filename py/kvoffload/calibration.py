@@ -236,15 +236,36 @@ class CalibrationCacheError(ValueError):
     """The calibration cache file cannot be read as one; names the file."""
 
 
+def _untrusted(st: os.stat_result) -> str | None:
+    """Why a cache or lock file with these stats may have been planted or rewritten by
+    another user, or None: a regular file of this user (or root) that other users may
+    not write."""
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()}) or root"
+    if st.st_mode & 0o002:
+        return f"has mode {stat.S_IMODE(st.st_mode):04o}: any user may write it"
+    return None
+
+
+def _check_trusted(fd: int, path: pathlib.Path, what: str) -> None:
+    why = _untrusted(os.fstat(fd))
+    if why is not None:
+        raise CalibrationCacheError(f"{path}: the calibration {what} {why}; refusing it (remove it, "
+                                    "or set KVOFFLOAD_CALIBRATION to a file in a directory of your own)")
+
+
 @contextlib.contextmanager
 def _file_lock(file: pathlib.Path):
     """Other processes calibrating into the same file wait for this one. The lock file
     is opened without following a symbolic link and without truncating it, and must be a
-    regular file: a planted link would otherwise have its target truncated."""
+    trusted regular file: a planted link would otherwise have its target truncated. Only
+    its owner may open it, so that no other user can hold the lock."""
     file.parent.mkdir(parents=True, exist_ok=True)
     lock_path = file.with_suffix(file.suffix + ".lock")
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise CalibrationCacheError(f"{lock_path}: the calibration lock is a symbolic link; "
@@ -254,9 +275,9 @@ def _file_lock(file: pathlib.Path):
                                         "regular file (remove it)") from None
         raise
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CalibrationCacheError(f"{lock_path}: the calibration lock is not a regular file "
-                                        "(remove it)")
+        _check_trusted(fd, lock_path, "lock")
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+            os.fchmod(fd, 0o600)  # made readable by an earlier version
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
@@ -279,8 +300,7 @@ def _read(file: pathlib.Path, module: str = "kvoffload.calibration") -> dict:
     except FileNotFoundError:
         return {}
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CalibrationCacheError(f"{file}: the calibration cache is not a regular file (remove it)")
+        _check_trusted(fd, file, "cache")
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_FILE_BYTES + 1)
     finally:
@@ -293,7 +313,7 @@ def _read(file: pathlib.Path, module: str = "kvoffload.calibration") -> dict:
         raise _corrupt(file, f"not UTF-8: {e}", module) from None
     try:
         entries = json.loads(text)
-    except json.JSONDecodeError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested too deep; ValueError: an int too long
         raise _corrupt(file, "empty" if not text.strip() else f"not JSON: {e}", module) from None
     if not isinstance(entries, dict):
         raise _corrupt(file, f"expected a JSON object, got {type(entries).__name__}", module)

@@ -111,6 +111,21 @@ def _one_id(job_ids) -> bool:
     return isinstance(job_ids, (str, bytes, tuple)) or not isinstance(job_ids, Iterable)
 
 
+def _tensor_groups(torch, gpu_tensors) -> list[list]:
+    """gpu_tensors as lists of tensors, one per group; TypeError naming what is not."""
+    def groups_of(value, name):
+        if isinstance(value, (str, bytes, torch.Tensor)) or not isinstance(value, Iterable):
+            raise TypeError(f"{name}: expected a sequence, got a {type(value).__name__}")
+        return list(value)
+
+    groups = [groups_of(group, f"gpu_tensors[{g}]") for g, group in enumerate(groups_of(gpu_tensors, "gpu_tensors"))]
+    for g, group in enumerate(groups):
+        for i, t in enumerate(group):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"gpu_tensors[{g}][{i}]: expected a torch tensor, got a {type(t).__name__}")
+    return groups
+
+
 def _one_device(gpu_tensors):
     devices = {t.device for group in gpu_tensors for t in group}
     if not devices:
@@ -252,7 +267,7 @@ class OffloadHandler:
                  host_pool: PoolOptions | None = None):
         import torch
 
-        gpu_tensors = [list(group) for group in gpu_tensors]
+        gpu_tensors = _tensor_groups(torch, gpu_tensors)
         require_int("blocks_per_chunk", blocks_per_chunk, 1)
         device = _one_device(gpu_tensors)
         num_cpu_chunks = _chunks_per_group(num_cpu_chunks, len(gpu_tensors))
@@ -293,6 +308,7 @@ class OffloadHandler:
         except BaseException:
             self.pool.release()  # now, not when the collector finds it
             raise
+        self.pool.hold(self)
         # A handler dropped without shutdown() ends its lanes before its pool goes.
         weakref.finalize(self, _close_quietly, self._lanes)
         self._expedited = expedited_loads
@@ -328,6 +344,8 @@ class OffloadHandler:
         store() does; ``expedite`` puts it on the expedited lane (expedited_loads=True).
         False: it failed at once (a load of partial chunks)."""
         _check_specs(gpu, cpu)
+        if not isinstance(expedite, bool):
+            raise TypeError(f"expedite: expected True or False, got {expedite!r}")
         return self._transfer(job_id, Direction.LOAD, gpu, cpu, expedite)
 
     def check(self, gpu: GPUSpec, cpu: CPUSpec) -> None:
@@ -468,7 +486,12 @@ class OffloadHandler:
         other id (never submitted, or reported long before) raises ValueError, or with
         ``ignore_unknown`` returns at once, as vLLM's offloading workers do."""
         self._check_process()
-        ids = [job_ids] if _one_id(job_ids) else list(job_ids)
+        try:
+            ids = [job_ids] if _one_id(job_ids) else list(job_ids)
+            for job_id in ids:
+                hash(job_id)
+        except TypeError as e:
+            raise TypeError(f"job_ids: expected a job id or an iterable of job ids: {e}") from None
         with self._lock:
             self._start_unstarted()
             self._check_open()
@@ -500,13 +523,19 @@ class OffloadHandler:
                 return
             self._closing = True
             handles = [job.handle for job in self._in_flight.values()]
-        for handle in handles:
-            self._lanes.wait(handle)
+        try:
+            for handle in handles:
+                self._lanes.wait(handle)
+        except BaseException:  # interrupted: the handler stays usable, and shutdown() can run again
+            with self._lock:
+                self._closing = False
+            raise
         with self._lock:
             if self._closed:
                 return
             self._collect()
             self._lanes.close()
+            self.pool.let_go()
             self.pool.release()
             self._closed = True
 

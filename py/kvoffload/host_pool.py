@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Hashable, Sequence
 
@@ -114,6 +115,7 @@ class HostPool:
         self._error: BaseException | None = None
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._holder = None  # see hold()
         self.seconds = 0.0  # spent pinning so far
         self.touch_seconds = 0.0  # of which first-touching registrations
         self.register_seconds = 0.0  # registering, summed over the registrar threads
@@ -350,11 +352,23 @@ class HostPool:
 
     # Release ---------------------------------------------------------------------------
 
+    def hold(self, holder) -> None:
+        """Refuses release() while ``holder`` (a handler whose jobs copy into the pool) is
+        alive, until let_go()."""
+        self._holder = weakref.ref(holder)
+
+    def let_go(self) -> None:
+        self._holder = None
+
     def release(self) -> None:
         """Stops pinning, unregisters every registration and unmaps (or frees) the memory, which
         goes now or, if views of it are still alive, with the last of them. Idempotent. In
         a forked child it only unmaps the child's copy: a shared file stays, and so does
-        its lock, which is the parent's."""
+        its lock, which is the parent's. Refused while a handler holds the pool."""
+        holder = self._holder() if self._holder is not None else None
+        if holder is not None:
+            raise RuntimeError(f"release: the pool is held by {type(holder).__name__}, whose jobs copy "
+                               "into it; its shutdown() releases the pool")
         with self._cond:
             self._stop = True
             self._cond.notify_all()

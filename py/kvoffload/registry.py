@@ -9,11 +9,11 @@ calls then copy wherever they are told, after checking only that pointers and si
 positive and (kernel and staged copies) that the memory is reachable from the GPU.
 
 A tensor registered with ``register_tensor`` is kept alive until ``unregister``, with
-its storage: its memory cannot be freed and reused while copies may be checked against
-it. It is also watched: every check first makes sure that each watched tensor still has
-the data pointer, shape and strides it was registered with, and refuses, naming it, a
-tensor whose memory was swapped since (``set_()``, ``resize_()``, ``.data = ...``), whose
-old memory copies would otherwise still reach. A region registered by address
+its storage. It is also watched: every check first makes sure that each watched tensor
+still has the data pointer, shape and strides it was registered with, and its storage
+the address and size, and refuses, naming it, a tensor whose memory was swapped or freed
+since (``set_()``, ``resize_()`` of it or of its storage, ``.data = ...``), whose old
+memory copies would otherwise still reach. A region registered by address
 (``register``) is the caller's promise that the memory stays allocated until it is
 unregistered; ``watch`` adds a tensor to check, such as one the region lies in.
 """
@@ -89,14 +89,21 @@ class _Watched:
     data_ptr: int
     shape: tuple
     stride: tuple
+    storage_ptr: int
+    storage_nbytes: int
 
     @classmethod
     def of(cls, name: str, tensor) -> "_Watched":
-        return cls(name, tensor, tensor.untyped_storage(), tensor.data_ptr(), tensor.shape, tensor.stride())
+        storage = tensor.untyped_storage()
+        return cls(name, tensor, storage, tensor.data_ptr(), tensor.shape, tensor.stride(),
+                   storage.data_ptr(), storage.nbytes())
 
     def changed(self) -> bool:
-        t = self.tensor
-        return t.data_ptr() != self.data_ptr or t.shape != self.shape or t.stride() != self.stride
+        # Holding the storage does not pin its memory: resize_() reallocates it in place, and
+        # a tensor set_() onto new memory at the freed address keeps its data_ptr.
+        t, s = self.tensor, self.storage
+        return (t.data_ptr() != self.data_ptr or t.shape != self.shape or t.stride() != self.stride
+                or s.data_ptr() != self.storage_ptr or s.nbytes() != self.storage_nbytes)
 
     def error(self) -> ValueError:
         t = self.tensor
