@@ -230,18 +230,20 @@ def test_a_cache_past_its_size_limit_is_refused_unread(machine, monkeypatch):
 
 @pytest.mark.parametrize("which", ["cache", "lock"])
 @pytest.mark.parametrize("how", ["another user's", "writable by any user"])
-def test_a_cache_or_lock_another_user_could_have_planted_is_refused(machine, which, how):
+def test_a_cache_or_lock_another_user_could_have_planted_is_refused(machine, monkeypatch, which, how):
     # A planted cache would steer the choice of copy method; a lock another user can
     # open, they could hold, and every calibration here would wait for them.
     file, measured = machine
     planted = file if which == "cache" else file.parent / "calibration.json.lock"
     planted.write_text(json.dumps({"fake GPU 0": dataclasses.asdict(fake("fake GPU 0"))}) if which == "cache" else "")
-    if how == "another user's":
-        os.chown(planted, 65534, 65534)
+    if how == "another user's":  # as its stats say (a sandbox may map no other uid to chown to)
+        inode, real = planted.stat().st_ino, os.fstat
+        monkeypatch.setattr(os, "fstat", lambda fd: (lambda st: os.stat_result((*st[:4], 4242, *st[5:]))
+                                                     if st.st_ino == inode else st)(real(fd)))
     else:
         os.chmod(planted, 0o666)
     before = planted.read_bytes()
-    why = r"is owned by uid 65534, not by this user \(uid \d+\) or root" if how == "another user's" else "has mode 0666: any user may write it"
+    why = r"is owned by uid 4242, not by this user \(uid \d+\) or root" if how == "another user's" else "has mode 0666: any user may write it"
     with pytest.raises(CalibrationCacheError, match=rf"^{re.escape(str(planted))}: the calibration {which} {why}; "
                                                     "refusing it"):
         calibration.calibration(0)
