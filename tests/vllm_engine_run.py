@@ -255,6 +255,19 @@ def _poison_tier(root: str) -> int:
     return count
 
 
+def _tier_files(root: str) -> int:
+    return sum(name.endswith(".bin") for _, _, names in os.walk(root) for name in names)
+
+
+def _wait_for_tier_files(root: str, blocks: int, seconds: float = 60.0) -> None:
+    """Waits (at most ``seconds``) until the fs tier holds a file per block of the last
+    pass: on a slow disk its writes may still pin the CPU pool's blocks when the next
+    pass begins, and the blocks they pin cannot be promoted into."""
+    end = time.monotonic() + seconds
+    while _tier_files(root) < blocks and time.monotonic() < end:
+        time.sleep(0.05)
+
+
 def _metrics(llm) -> dict:
     out = {}
     for m in llm.get_metrics():
@@ -316,6 +329,8 @@ def run(opts: RunOptions) -> dict:
 
                 pool = WORKERS[0].handler.pool.tensor
                 pool.view(torch.float32).copy_(torch.randn(pool.numel() // 4, generator=torch.Generator().manual_seed(1)))
+            if opts.tier and i:
+                _wait_for_tier_files(tier_dir(opts), sum(len(p) // BLOCK_SIZE for p in passes[i - 1]))
             if opts.poison_tier and i == len(passes) - 1:
                 result["tier_files_poisoned"] = _poison_tier(tier_dir(opts))
             outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)

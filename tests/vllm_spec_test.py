@@ -257,3 +257,44 @@ def test_an_unknown_kvoffload_key_is_refused_not_dropped(key):
     with pytest.raises(ValueError, match=rf"kv_connector_extra_config: '{key}' is no kvoffload option; expected one "
                                          r"of \['kvoffload_method', 'kvoffload_cpu_layout', 'kvoffload_max_slowdown'\]"):
         handler_options({key: "pages_dma", "block_size": 32})
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"kvoffload_method": "PAGES"}, r"kv_connector_extra_config: kvoffload_method: method: expected one of"),
+    ({"kvoffload_method": None}, r"kv_connector_extra_config: kvoffload_method: method: expected one of"),
+    ({"kvoffload_method": ["pages"]}, r"kv_connector_extra_config: kvoffload_method: method: expected one of"),
+    ({"kvoffload_cpu_layout": "bogus"}, r"kv_connector_extra_config: kvoffload_cpu_layout: expected one of "
+                                        r"\['chunk_major', 'per_tensor'\], got 'bogus'"),
+])
+def test_bad_kvoffload_values_name_their_key_before_a_pool_is_made(extra, message):
+    with pytest.raises(ValueError, match=message):
+        handler_options(extra)
+    spec = OffloadingSpecFactory.create_spec(config({**EXTRA, **extra}))
+    with pytest.raises(ValueError, match=message):
+        spec.get_worker(VllmCache(np.random.default_rng(0), ROWS, REFS, 8).kv_caches)
+
+
+@pytest.mark.parametrize("cpu_bytes", [1, -(1 << 20)])
+def test_cpu_bytes_that_hold_no_chunk_are_named(cpu_bytes):
+    spec = OffloadingSpecFactory.create_spec(config({**EXTRA, "cpu_bytes_to_use": cpu_bytes}))
+    with pytest.raises(ValueError, match=rf"kv_connector_extra_config: cpu_bytes_to_use={cpu_bytes} holds no chunk"):
+        spec.get_worker(VllmCache(np.random.default_rng(0), ROWS, REFS, 8).kv_caches)
+
+
+def test_wait_after_shutdown_returns_as_vllms_worker_does():
+    spec = OffloadingSpecFactory.create_spec(config())
+    worker = spec.get_worker(VllmCache(np.random.default_rng(0), ROWS, REFS, 8).kv_caches)
+    worker.shutdown()
+    worker.wait({1})
+    worker.wait(set())
+    assert worker.get_finished() == []
+
+
+def test_a_tensor_whose_first_dimension_is_not_its_blocks_is_refused_naming_it():
+    from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
+
+    tensor = torch.zeros((8, 128), dtype=torch.int8)  # 16 pages of 64 bytes
+    caches = CanonicalKVCaches([CanonicalKVCacheTensor(tensor, 64)], [[CanonicalKVCacheRef(0, 64)]])
+    with pytest.raises(ValueError, match=r"kv_caches\.tensors\[0\]: \(8, 128\) torch\.int8 tensor holds 16 pages "
+                                         r"of page_size_bytes=64, not one per index of its first dimension"):
+        KVOffloadWorker(caches, BPC, 4)

@@ -2,6 +2,7 @@
 and fs secondary tier, unchanged) with kvoffload's worker on vLLM's SharedOffloadRegion,
 driven on CPU tensors (the handler's host lanes)."""
 
+import dataclasses
 import os
 import re
 import time
@@ -115,7 +116,7 @@ def test_the_factory_selects_the_spec_and_the_pool_is_the_region(tmp_path):
     assert not os.path.exists(region_path(spec))
 
 
-LINKED = r"is a symbolic link or a second link to a file, or no longer the file opened"
+LINKED = r"is a symbolic link or a second link to a file"
 
 
 @pytest.mark.parametrize("plant", ["mode 0644", "another owner", "a symbolic link", "a hard link"])
@@ -147,6 +148,47 @@ def test_a_region_file_another_user_could_have_planted_is_refused_and_left_unwri
     finally:
         for name in {path, planted} - {str(tmp_path / "victim")}:
             os.unlink(name)
+
+
+@pytest.mark.parametrize("plant", ["an empty file of mode 0666", "a FIFO"])
+def test_a_planted_file_vllm_would_wait_on_is_refused_before_vllm_opens_it(tmp_path, plant):
+    # vLLM's region, joining an existing file, waits 30 s for it to grow, then raises its
+    # TimeoutError; at a FIFO it blocks in open().
+    spec = OffloadingSpecFactory.create_spec(config(extra(tmp_path)))
+    path = region_path(spec)
+    if plant == "a FIFO":
+        os.mkfifo(path, 0o600)
+    else:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        os.chmod(path, 0o666)
+    try:
+        why = "is a FIFO, not a regular file" if plant == "a FIFO" else "has mode 0666, wider than 0600"
+        cache = VllmCache(np.random.default_rng(0), ROWS, REFS, NUM_BLOCKS)
+        with pytest.raises(PermissionError, match=rf"{re.escape(path)} {why}.*; refusing vLLM's shared region"):
+            spec.get_worker(cache.kv_caches)
+        assert os.stat(path).st_size == 0
+    finally:
+        os.unlink(path)
+
+
+def test_a_second_engine_under_the_same_id_with_another_region_size_is_refused(tmp_path):
+    # The first engine's region is this user's and private, so only its size tells it
+    # apart: joined, both engines would write the same chunks.
+    first = OffloadingSpecFactory.create_spec(config(extra(tmp_path)))
+    cache = VllmCache(np.random.default_rng(0), ROWS, REFS, NUM_BLOCKS)
+    worker = first.get_worker(cache.kv_caches)
+    try:
+        worker.region.base_tensor.view(torch.uint8).fill_(POISON & 0xFF)
+        second = OffloadingSpecFactory.create_spec(config(extra(tmp_path, cpu_bytes_to_use=32 * 8192),
+                                                          engine=first.config.engine_id))
+        other = VllmCache(np.random.default_rng(1), ROWS, REFS, NUM_BLOCKS)
+        with pytest.raises(PermissionError, match=rf"{re.escape(region_path(first))} holds {64 * 8192} bytes, "
+                                                  rf"not the {32 * 8192} of this engine's region"):
+            second.get_worker(other.kv_caches)
+        assert (worker.region.base_tensor.view(torch.uint8) == POISON & 0xFF).all()
+    finally:
+        worker.shutdown()
+        first.get_manager().shutdown()
 
 
 @pytest.mark.parametrize("refs", [REFS, HYBRID], ids=["one group", "hybrid: two groups share tensors"])
@@ -467,6 +509,11 @@ def tp2_specs(tmp_path, **more):
      r"\.mapping\.runs\[0\]\.canonical_offset: expected an int >= 0, got -64"),
     (CanonicalPageMapping(2048, 512, (CopyRun(0, 0, 128, 4, 128, 256),), 1, 0, True),
      r"\.mapping\.local_page_size_bytes: 512 is not the ref's page_size_bytes=1024"),
+    (dataclasses.replace(tp2_mapping(0), num_writers=0), r"\.mapping\.num_writers: expected an int >= 1, got 0"),
+    (dataclasses.replace(tp2_mapping(0), num_writers=2, writer_index=5),
+     r"\.mapping\.writer_index: expected an int in \[0, 2\), got 5"),
+    (dataclasses.replace(tp2_mapping(0), num_writers=2, writer_index=-1),
+     r"\.mapping\.writer_index: expected an int in \[0, 2\), got -1"),
 ])
 def test_canonical_mappings_that_leave_their_pages_are_refused_naming_the_run(tmp_path, caplog, mapping, message):
     spec = tp2_specs(tmp_path)[0]

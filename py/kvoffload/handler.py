@@ -540,6 +540,11 @@ class OffloadHandler:
             self._closed = True
 
     @property
+    def shut_down(self) -> bool:
+        """Whether shutdown() has finished."""
+        return self._closed
+
+    @property
     def methods(self) -> dict[str, str]:
         """The method each direction's jobs take, by direction ("store", "load")."""
         return self._jobs.methods

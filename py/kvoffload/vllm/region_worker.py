@@ -182,6 +182,11 @@ def _check_runs(name, mapping, page) -> None:
     if mapping.local_page_size_bytes != page:
         raise ValueError(f"{name}.local_page_size_bytes: {mapping.local_page_size_bytes} is not the "
                          f"ref's page_size_bytes={page}")
+    if not is_int(mapping.num_writers) or mapping.num_writers < 1:
+        raise ValueError(f"{name}.num_writers: expected an int >= 1, got {mapping.num_writers!r}")
+    if not is_int(mapping.writer_index) or not 0 <= mapping.writer_index < mapping.num_writers:
+        raise ValueError(f"{name}.writer_index: expected an int in [0, {mapping.num_writers}), "
+                         f"got {mapping.writer_index!r}")
     for k, run in enumerate(mapping.runs):
         fields = ("local_offset", "canonical_offset", "fragment_size", "num_fragments", "local_stride",
                   "canonical_stride")

@@ -10,7 +10,9 @@ from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 from kvoffload.auto import Auto
 from kvoffload.host_pool import PoolOptions
+from kvoffload.job_methods import method_object
 from kvoffload.page_methods import Pages
+from kvoffload.pool_layout import CPU_LAYOUTS
 from kvoffload.shm_file import unguessable_name
 from kvoffload.vllm.worker import KVOffloadWorker
 
@@ -28,6 +30,15 @@ def handler_options(extra_config) -> dict:
             raise ValueError(f"kv_connector_extra_config: {key!r} is no kvoffload option; "
                              f"expected one of {list(known)}")
     options = {option: extra_config[key] for key, option in HANDLER_OPTIONS.items() if key in extra_config}
+    for key, option in HANDLER_OPTIONS.items():
+        if key in extra_config:
+            try:
+                if option == "method":
+                    method_object(extra_config[key])
+                elif extra_config[key] not in CPU_LAYOUTS:
+                    raise ValueError(f"expected one of {list(CPU_LAYOUTS)}, got {extra_config[key]!r}")
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"kv_connector_extra_config: {key}: {e}") from None
     if MAX_SLOWDOWN in extra_config:
         method = options.get("method", "pages")
         if method not in ("pages", "auto"):
@@ -38,6 +49,17 @@ def handler_options(extra_config) -> dict:
         except ValueError as e:
             raise ValueError(f"kv_connector_extra_config: {MAX_SLOWDOWN}: {e}") from None
     return options
+
+
+def require_chunks(spec) -> None:
+    """Refuses a cpu_bytes_to_use that holds no chunk, naming it (vLLM's spec computes
+    num_chunks from it)."""
+    if spec.num_chunks <= 0:
+        raise ValueError(
+            f"kv_connector_extra_config: cpu_bytes_to_use={spec.extra_config.get('cpu_bytes_to_use')!r} "
+            f"holds no chunk of {spec.kv_bytes_per_chunk} bytes (OffloadingConfig."
+            f"worker_kv_bytes_per_block={spec.config.worker_kv_bytes_per_block}, "
+            f"blocks_per_chunk={spec.blocks_per_chunk})")
 
 
 def shared_pool_name(engine_id) -> str:
@@ -66,6 +88,7 @@ class KVOffloadSpec(CPUOffloadingSpec):
         return True  # a HostPool can be one file shared by the ranks
 
     def create_worker(self, kv_caches) -> KVOffloadWorker:
+        require_chunks(self)
         options = handler_options(self.extra_config)
         if self.replicated_layout:
             name = unguessable_name(shared_pool_name(self.config.engine_id), share=self._share_pool_name)

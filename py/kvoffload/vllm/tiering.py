@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from kvoffload.shm_file import planted
 from kvoffload.vllm.region_worker import KVOffloadRegionWorker
-from kvoffload.vllm.spec import handler_options
+from kvoffload.vllm.spec import handler_options, require_chunks
 
 
 class KVOffloadTieringSpec(TieringOffloadingSpec):
@@ -31,12 +32,7 @@ class KVOffloadTieringSpec(TieringOffloadingSpec):
 
     def create_worker(self, kv_caches) -> KVOffloadRegionWorker:
         # What TieringOffloadingSpec.create_worker does, with kvoffload's worker.
-        if self.num_chunks <= 0:
-            raise ValueError(
-                f"kv_connector_extra_config: cpu_bytes_to_use={self.extra_config.get('cpu_bytes_to_use')!r} "
-                f"holds no chunk of {self.kv_bytes_per_chunk} bytes (OffloadingConfig."
-                f"worker_kv_bytes_per_block={self.config.worker_kv_bytes_per_block}, "
-                f"blocks_per_chunk={self.blocks_per_chunk})")
+        require_chunks(self)
         canonical = bool(self.config.canonical_layout)
         if canonical and self.blocks_per_chunk != 1:
             raise ValueError(
@@ -45,6 +41,7 @@ class KVOffloadTieringSpec(TieringOffloadingSpec):
                 f"{self.blocks_per_chunk}")
         options = handler_options(self.extra_config)
         rank = 0 if self.replicated_layout else self.config.parallel.rank
+        _refuse_planted(f"/dev/shm/vllm_offload_{self._engine_id}.mmap")  # as SharedOffloadRegion names it
         region = SharedOffloadRegion(
             engine_id=self._engine_id,
             num_chunks=self.num_chunks,
@@ -70,21 +67,42 @@ class KVOffloadTieringSpec(TieringOffloadingSpec):
         return self._worker
 
 
+def _refusal(path: str, why: str) -> PermissionError:
+    return PermissionError(errno.EPERM, f"{path} {why}; refusing vLLM's shared region, which another "
+                                        "user could have planted or another engine may use (remove it, "
+                                        "or give the engine an unguessable kv_transfer_config engine_id)", path)
+
+
+def _refuse_planted(path: str) -> None:
+    """Before vLLM opens it: a planted file that never grows would hold vLLM's join for
+    its 30 s timeout, and a FIFO or directory fail it with errors that name no cause."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return
+    linked = stat.S_ISLNK(found.st_mode) or found.st_nlink != 1
+    why = "is a symbolic link or a second link to a file" if linked else planted(found)
+    if why is not None:
+        raise _refusal(path, why)
+
+
 def _require_private(region: SharedOffloadRegion) -> None:
     """vLLM's region joins a file already under its name as it finds it: one that another
-    user planted there (an engine id is no secret) would share the KV cache with them."""
+    user planted there (an engine id is no secret) would share the KV cache with them, and
+    one of another engine under the same id would mix their KV caches."""
     opened = os.fstat(region.fd)
     # vLLM maps a region of several segments from files it opens by name: each must be one.
-    for path, offset, _ in getattr(region, "_segments", [(region.mmap_path, 0, 0)]):
+    for path, offset, length in getattr(region, "_segments", [(region.mmap_path, 0, region.total_size_bytes)]):
         try:
             named = os.lstat(path)
         except FileNotFoundError:
             named = None
-        why = planted(named if named is not None and offset else opened)
+        held = named if named is not None and offset else opened
+        why = planted(held)
         if why is None and (named is None or named.st_nlink != 1 or offset == 0 and (
                 named.st_dev, named.st_ino) != (opened.st_dev, opened.st_ino)):
             why = "is a symbolic link or a second link to a file, or no longer the file opened"
+        if why is None and held.st_size != length:
+            why = f"holds {held.st_size} bytes, not the {length} of this engine's region"
         if why is not None:
-            raise PermissionError(errno.EPERM, f"{path} {why}; refusing vLLM's shared region, which another "
-                                               "user could have planted (remove it, or give the engine an "
-                                               "unguessable kv_transfer_config engine_id)", path)
+            raise _refusal(path, why)

@@ -37,6 +37,9 @@ def _block_view(entry, name: str) -> torch.Tensor:
     if not tensor.is_contiguous() or nbytes % page:
         raise ValueError(f"{name}: {tuple(tensor.shape)} {tensor.dtype} tensor is not contiguous "
                          f"blocks of page_size_bytes={page}")
+    if tensor.dim() == 0 or nbytes // page != tensor.shape[0]:
+        raise ValueError(f"{name}: {tuple(tensor.shape)} {tensor.dtype} tensor holds {nbytes // page} pages "
+                         f"of page_size_bytes={page}, not one per index of its first dimension (num_blocks)")
     return tensor.view(torch.int8).view(-1, page)
 
 
@@ -109,7 +112,8 @@ class KVOffloadWorker(OffloadingWorker):
         # Ids this worker never saw return at once, as in vLLM's CPUOffloadingWorker: under
         # the replicated layout vLLM's connector skips the stores of every rank but 0, then
         # waits for them on every rank (OffloadingConnectorWorker.handle_preemptions).
-        self.handler.wait(job_ids, ignore_unknown=True)
+        if not self.handler.shut_down:  # as vLLM's worker, whose wait() after shutdown returns
+            self.handler.wait(job_ids, ignore_unknown=True)
 
     def shutdown(self) -> None:
         self.handler.shutdown()
