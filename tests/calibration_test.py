@@ -250,6 +250,27 @@ def test_a_cache_or_lock_another_user_could_have_planted_is_refused(machine, mon
     assert measured == [] and planted.read_bytes() == before
 
 
+def test_a_cache_of_the_owner_of_a_directory_no_one_else_writes_serves(machine, monkeypatch):
+    # Where a filesystem maps uids (NFS with root_squash), this user's own files and
+    # directory show another owner.
+    file, measured = machine
+    file.write_text(json.dumps({"fake GPU 0": dict(dataclasses.asdict(fake("fake GPU 0")), format=calibration.FORMAT)}))
+    os.chmod(file.parent, 0o755)
+    squashed = {file.stat().st_ino, file.parent.stat().st_ino}
+    real_fstat, real_stat = os.fstat, os.stat
+
+    def as_squashed(st):
+        return os.stat_result((*st[:4], 4242, *st[5:])) if st.st_ino in squashed else st
+
+    monkeypatch.setattr(os, "fstat", lambda fd: as_squashed(real_fstat(fd)))
+    monkeypatch.setattr(os, "stat", lambda path, **kw: as_squashed(real_stat(path, **kw)))
+    assert calibration.calibration(0) == fake("fake GPU 0") and measured == []
+    os.chmod(file.parent, 0o775)  # but one its group may write: the file could be anyone's there
+    monkeypatch.setattr(calibration, "_cached", {})
+    with pytest.raises(CalibrationCacheError, match=r"is owned by uid 4242, not by this user"):
+        calibration.calibration(0)
+
+
 def test_the_lock_file_only_its_owner_may_open(machine):
     file, measured = machine
     calibration.calibration(0)

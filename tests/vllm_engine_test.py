@@ -174,6 +174,7 @@ def test_blocks_evicted_to_the_fs_tier_come_back_with_the_same_tokens_canonical_
     assert m["vllm:kv_offload_tiering_read_bytes"] > 0, "nothing was promoted from the fs tier"
     assert on["worker"]["pool_bytes"] == 16 * BLOCK_BYTES
     _assert_stats_agree(on)
+    assert m["vllm:num_preemptions"] == 0, "a preempted request reloads from the pool: the bound below needs none"
     # vLLM may promote a block, evict it before its load and promote it again, so reads can
     # exceed loads. Pass 2's prompts are distinct: at most the pool's 16 blocks load without
     # a promotion, so loads beyond them went from disk through kvoffload.

@@ -267,6 +267,7 @@ def test_an_unknown_kvoffload_key_is_refused_not_dropped(key):
                                         r"\['chunk_major', 'per_tensor'\], got 'bogus'"),
 ])
 def test_bad_kvoffload_values_name_their_key_before_a_pool_is_made(extra, message):
+    assert handler_options({"kvoffload_cpu_layout": None}) == {"cpu_layout": None}  # JSON null: the default
     with pytest.raises(ValueError, match=message):
         handler_options(extra)
     spec = OffloadingSpecFactory.create_spec(config({**EXTRA, **extra}))

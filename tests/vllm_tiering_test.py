@@ -171,6 +171,33 @@ def test_a_planted_file_vllm_would_wait_on_is_refused_before_vllm_opens_it(tmp_p
         os.unlink(path)
 
 
+def test_an_interrupted_shutdown_keeps_the_region_for_the_jobs_and_a_second_one_releases_it(tmp_path, monkeypatch):
+    spec = OffloadingSpecFactory.create_spec(config(extra(tmp_path)))
+    cache = VllmCache(np.random.default_rng(0), ROWS, REFS, NUM_BLOCKS)
+    worker = spec.get_worker(cache.kv_caches)
+    assert worker.submit_store(1, GPULoadStoreSpec([0, 1], [2], [0]), CPULoadStoreSpec([3]))
+    real = worker.handler._lanes.wait
+    calls = []
+
+    def interrupted(handle):
+        calls.append(handle)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(handle)
+
+    monkeypatch.setattr(worker.handler._lanes, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        worker.shutdown()
+    assert worker.region is not None and os.path.exists(region_path(spec))
+    worker.wait({1})
+    assert [(r.job_id, r.success) for r in worker.get_finished()] == [(1, True)]
+    region = worker.region
+    worker.shutdown()
+    assert worker.region is None and region.mmap_obj is None
+    spec.get_manager().shutdown()
+    assert not os.path.exists(region_path(spec))
+
+
 def test_a_second_engine_under_the_same_id_with_another_region_size_is_refused(tmp_path):
     # The first engine's region is this user's and private, so only its size tells it
     # apart: joined, both engines would write the same chunks.

@@ -236,36 +236,37 @@ class CalibrationCacheError(ValueError):
     """The calibration cache file cannot be read as one; names the file."""
 
 
-def _untrusted(st: os.stat_result) -> str | None:
-    """Why a cache or lock file with these stats may have been planted or rewritten by
-    another user, or None: a regular file of this user (or root) that other users may
-    not write."""
+def _untrusted(st: os.stat_result, directory: os.stat_result) -> str | None:
+    """Why a cache or lock file with these stats, in a directory with these, may have been
+    planted or rewritten by another user, or None: a regular file no user but its owner
+    may write, owned by this user or root, or by the owner of a directory no one else may
+    write (this user's own, where a filesystem maps uids: NFS with root_squash)."""
     if not stat.S_ISREG(st.st_mode):
         return "is not a regular file"
-    if st.st_uid not in (os.geteuid(), 0):
-        return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()}) or root"
     if st.st_mode & 0o002:
         return f"has mode {stat.S_IMODE(st.st_mode):04o}: any user may write it"
-    return None
+    if st.st_uid in (os.geteuid(), 0) or (directory.st_uid == st.st_uid and not directory.st_mode & 0o022):
+        return None
+    return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()}) or root"
 
 
 def _check_trusted(fd: int, path: pathlib.Path, what: str) -> None:
-    why = _untrusted(os.fstat(fd))
+    why = _untrusted(os.fstat(fd), os.stat(path.parent))
     if why is not None:
         raise CalibrationCacheError(f"{path}: the calibration {what} {why}; refusing it (remove it, "
                                     "or set KVOFFLOAD_CALIBRATION to a file in a directory of your own)")
 
 
-@contextlib.contextmanager
-def _file_lock(file: pathlib.Path):
-    """Other processes calibrating into the same file wait for this one. The lock file
-    is opened without following a symbolic link and without truncating it, and must be a
-    trusted regular file: a planted link would otherwise have its target truncated. Only
-    its owner may open it, so that no other user can hold the lock."""
-    file.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = file.with_suffix(file.suffix + ".lock")
+def _open_lock(lock_path: pathlib.Path) -> int:
+    """The lock file, made here (0600: no other user may open it, so none can hold the
+    lock) or found, then trusted; never through a symbolic link, never truncated."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+        return os.open(lock_path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(lock_path, flags)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise CalibrationCacheError(f"{lock_path}: the calibration lock is a symbolic link; "
@@ -276,8 +277,23 @@ def _file_lock(file: pathlib.Path):
         raise
     try:
         _check_trusted(fd, lock_path, "lock")
-        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
             os.fchmod(fd, 0o600)  # made readable by an earlier version
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def _file_lock(file: pathlib.Path):
+    """Other processes calibrating into the same file wait for this one (see _open_lock):
+    a planted link would otherwise have its target truncated, and a lock another user
+    can open, they could hold."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    fd = _open_lock(file.with_suffix(file.suffix + ".lock"))
+    try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield

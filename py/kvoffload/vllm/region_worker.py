@@ -76,17 +76,24 @@ class KVOffloadRegionWorker(KVOffloadWorker):
         it, and the file if this worker made it)."""
         try:
             super().shutdown()
-        finally:
-            region, self.region = self.region, None
-            if region is not None:
-                # Views of the region left alive keep it mapped (vLLM's cleanup then only
-                # warns): the handler's watch of its host_buffer, and ours.
-                try:
-                    self.handler.registry.unregister("host_buffer")
-                except (AttributeError, KeyError):
-                    pass
-                self.region_views = None
-                region.cleanup()
+        except BaseException:
+            handler = getattr(self, "handler", None)
+            if handler is None or handler.shut_down:  # not one interrupted, whose jobs may still run
+                self._release_region()
+            raise
+        self._release_region()
+
+    def _release_region(self) -> None:
+        region, self.region = self.region, None
+        if region is not None:
+            # Views of the region left alive keep it mapped (vLLM's cleanup then only
+            # warns): the handler's watch of its host_buffer, and ours.
+            try:
+                self.handler.registry.unregister("host_buffer")
+            except (AttributeError, KeyError):
+                pass
+            self.region_views = None
+            region.cleanup()
 
 
 @dataclasses.dataclass

@@ -35,7 +35,7 @@ def handler_options(extra_config) -> dict:
             try:
                 if option == "method":
                     method_object(extra_config[key])
-                elif extra_config[key] not in CPU_LAYOUTS:
+                elif extra_config[key] is not None and extra_config[key] not in CPU_LAYOUTS:
                     raise ValueError(f"expected one of {list(CPU_LAYOUTS)}, got {extra_config[key]!r}")
             except (TypeError, ValueError) as e:
                 raise type(e)(f"kv_connector_extra_config: {key}: {e}") from None
