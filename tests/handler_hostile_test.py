@@ -19,7 +19,7 @@ import kvoffload._C
 from kvoffload.handler import OffloadHandler
 from kvoffload.host_pool import PoolOptions
 from kvoffload.planner import CPUSpec, GPUSpec
-from kv_model import check, make_handler, run_job
+from kv_model import check, interrupt_first_wait, make_handler, run_job
 
 
 def small_handler(**kwargs):
@@ -301,16 +301,7 @@ def test_the_pool_of_a_live_handler_cannot_be_released_under_its_jobs():
 def test_an_interrupted_shutdown_leaves_the_handler_usable(monkeypatch):
     handler, model = small_handler()
     assert handler.store("s", GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
-    real = handler._lanes.wait
-    calls = []
-
-    def interrupted(handle):
-        calls.append(handle)
-        if len(calls) == 1:
-            raise KeyboardInterrupt
-        return real(handle)
-
-    monkeypatch.setattr(handler._lanes, "wait", interrupted)
+    interrupt_first_wait(monkeypatch, handler)
     with pytest.raises(KeyboardInterrupt):
         handler.shutdown()
     handler.wait("s")

@@ -217,3 +217,17 @@ def copy_half_then_fail(copy, error):
         raise error
 
     return wrapper, lambda: armed.append(True)
+
+
+def interrupt_first_wait(monkeypatch, handler) -> None:
+    """The handler's next wait for a job raises KeyboardInterrupt, as a signal would; the
+    waits after it wait."""
+    real, calls = handler._lanes.wait, []
+
+    def interrupted(handle):
+        calls.append(handle)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(handle)
+
+    monkeypatch.setattr(handler._lanes, "wait", interrupted)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import vllm_env
+from kv_model import interrupt_first_wait
 from vllm_cache import POISON, VllmCache, canonical_page, finish, job, tp2_mapping
 
 if vllm_env.LIGHT:
@@ -176,16 +177,7 @@ def test_an_interrupted_shutdown_keeps_the_region_for_the_jobs_and_a_second_one_
     cache = VllmCache(np.random.default_rng(0), ROWS, REFS, NUM_BLOCKS)
     worker = spec.get_worker(cache.kv_caches)
     assert worker.submit_store(1, GPULoadStoreSpec([0, 1], [2], [0]), CPULoadStoreSpec([3]))
-    real = worker.handler._lanes.wait
-    calls = []
-
-    def interrupted(handle):
-        calls.append(handle)
-        if len(calls) == 1:
-            raise KeyboardInterrupt
-        return real(handle)
-
-    monkeypatch.setattr(worker.handler._lanes, "wait", interrupted)
+    interrupt_first_wait(monkeypatch, worker.handler)
     with pytest.raises(KeyboardInterrupt):
         worker.shutdown()
     assert worker.region is not None and os.path.exists(region_path(spec))
