@@ -244,19 +244,18 @@ def _poison_tier(root: str) -> int:
     how many files it overwrote."""
     rng = random.Random(1)
     count = 0
-    for folder, _, names in os.walk(root):
-        for name in names:
-            if name.endswith(".bin"):
-                path = os.path.join(folder, name)
-                size = os.path.getsize(path)
-                with open(path, "r+b") as f:
-                    f.write(rng.randbytes(size))
-                count += 1
+    for path in _tier_files(root):
+        size = os.path.getsize(path)
+        with open(path, "r+b") as f:
+            f.write(rng.randbytes(size))
+        count += 1
     return count
 
 
-def _tier_files(root: str) -> int:
-    return sum(name.endswith(".bin") for _, _, names in os.walk(root) for name in names)
+def _tier_files(root: str) -> list[str]:
+    """The fs tier's block files."""
+    return [os.path.join(folder, name) for folder, _, names in os.walk(root) for name in names
+            if name.endswith(".bin")]
 
 
 def _wait_for_tier_files(root: str, blocks: int, seconds: float = 60.0) -> None:
@@ -264,7 +263,7 @@ def _wait_for_tier_files(root: str, blocks: int, seconds: float = 60.0) -> None:
     pass: on a slow disk its writes may still pin the CPU pool's blocks when the next
     pass begins, and the blocks they pin cannot be promoted into."""
     end = time.monotonic() + seconds
-    while _tier_files(root) < blocks and time.monotonic() < end:
+    while len(_tier_files(root)) < blocks and time.monotonic() < end:
         time.sleep(0.05)
 
 

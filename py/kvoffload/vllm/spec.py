@@ -29,16 +29,18 @@ def handler_options(extra_config) -> dict:
         if isinstance(key, str) and key.startswith("kvoffload_") and key not in known:
             raise ValueError(f"kv_connector_extra_config: {key!r} is no kvoffload option; "
                              f"expected one of {list(known)}")
-    options = {option: extra_config[key] for key, option in HANDLER_OPTIONS.items() if key in extra_config}
+    options = {}
     for key, option in HANDLER_OPTIONS.items():
-        if key in extra_config:
-            try:
-                if option == "method":
-                    method_object(extra_config[key])
-                elif extra_config[key] is not None and extra_config[key] not in CPU_LAYOUTS:
-                    raise ValueError(f"expected one of {list(CPU_LAYOUTS)}, got {extra_config[key]!r}")
-            except (TypeError, ValueError) as e:
-                raise type(e)(f"kv_connector_extra_config: {key}: {e}") from None
+        if key not in extra_config:
+            continue
+        value = options[option] = extra_config[key]
+        try:
+            if option == "method":
+                method_object(value)
+            elif value is not None and value not in CPU_LAYOUTS:
+                raise ValueError(f"expected one of {list(CPU_LAYOUTS)}, got {value!r}")
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"kv_connector_extra_config: {key}: {e}") from None
     if MAX_SLOWDOWN in extra_config:
         method = options.get("method", "pages")
         if method not in ("pages", "auto"):

@@ -67,6 +67,9 @@ class KVOffloadTieringSpec(TieringOffloadingSpec):
         return self._worker
 
 
+_LINKED = "is a symbolic link or a second link to a file"
+
+
 def _refusal(path: str, why: str) -> PermissionError:
     return PermissionError(errno.EPERM, f"{path} {why}; refusing vLLM's shared region, which another "
                                         "user could have planted or another engine may use (remove it, "
@@ -81,7 +84,7 @@ def _refuse_planted(path: str) -> None:
     except FileNotFoundError:
         return
     linked = stat.S_ISLNK(found.st_mode) or found.st_nlink != 1
-    why = "is a symbolic link or a second link to a file" if linked else planted(found)
+    why = _LINKED if linked else planted(found)
     if why is not None:
         raise _refusal(path, why)
 
@@ -101,7 +104,7 @@ def _require_private(region: SharedOffloadRegion) -> None:
         why = planted(held)
         if why is None and (named is None or named.st_nlink != 1 or offset == 0 and (
                 named.st_dev, named.st_ino) != (opened.st_dev, opened.st_ino)):
-            why = "is a symbolic link or a second link to a file, or no longer the file opened"
+            why = f"{_LINKED}, or no longer the file opened"
         if why is None and held.st_size != length:
             why = f"holds {held.st_size} bytes, not the {length} of this engine's region"
         if why is not None:
