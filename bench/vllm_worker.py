@@ -15,6 +15,7 @@ runs kvoffload's host path on a small cache and says so.
 import datetime
 import json
 import os
+import re
 
 import numpy as np
 from absl import app, flags
@@ -27,7 +28,9 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("layouts", ["llama8b-64k", "tp8-8k", "4k", "16k", "hybrid"], "Layouts to measure.")
 flags.DEFINE_list("methods", ["vllm_worker", "pages_staged", "pages_dma"],
                   "Sources beside bulk: vllm_worker, region, a kvoffload method, batch_per_job "
-                  "(batch with one driver call per job), pages_staged_ctasN (the ring on N CTAs), or "
+                  "(batch with one driver call per job), pages_staged_ctasN (the ring on N CTAs), "
+                  "pages_staged_slotsMxN or pages_staged_l2_slotsMxN (a ring of N slots of M MiB, "
+                  "in persisting L2 with l2_), or "
                   "pages_maxX (the page calibration's choice within a max_slowdown of X).")
 flags.DEFINE_list("directions", list(DIRECTIONS), "store, load, both.")
 flags.DEFINE_integer("steps", None, "Counted steps a window (default: kvoffload.meter's).")
@@ -118,9 +121,15 @@ def batch_per_job():
 
 
 def page_method(method):
-    """``pages_staged_ctasN`` (the ring's kernels on N CTAs), ``pages_maxX`` (the path chosen
-    within a max_slowdown of X by the page calibration), or a method name as it is."""
+    """``pages_staged_ctasN`` (the ring's kernels on N CTAs), ``pages_staged_slotsMxN`` (a ring
+    of N slots of M MiB; ``pages_staged_l2_slotsMxN`` holds them in persisting L2),
+    ``pages_maxX`` (the path chosen within a max_slowdown of X by the page calibration), or a
+    method name as it is."""
     import kvoffload as kv
+    ring = re.fullmatch(r"pages_staged_(l2_)?slots(\d+)x(\d+)", method)
+    if ring is not None:
+        return kv.Pages(kv.PagePath.STAGED, slot_bytes=int(ring[2]) << 20, slots=int(ring[3]),
+                        slots_in_l2=ring[1] is not None)
     prefix = "pages_staged_ctas"
     if method.startswith(prefix):
         ctas = method[len(prefix):]

@@ -105,6 +105,39 @@ def test_random_jobs_match_the_model(seed, pages, bpc, cpu_layout, padding, path
         cache.check()
 
 
+@pytest.mark.parametrize("slot_bytes,slots", [(UNIT_BYTES, 2), (3 * UNIT_BYTES + 256, 3), (8 << 20, 2)])
+def test_a_ring_held_in_l2_copies_what_the_model_does(slot_bytes, slots):
+    rng = np.random.default_rng(slots + slot_bytes)
+    cache = Cache(rng, [4096, UNIT_BYTES + 16], [3, 2], 32, 12, 2, "chunk_major", 16)
+    stream = torch.cuda.Stream()
+    for step in range(scaled(8)):
+        ids, chunk_ids, sizes, firsts = random_job(rng, cache, 12)
+        load = step % 2 == 1
+        cache.table.copy(ids, chunk_ids, sizes, firsts, direction=LOAD if load else STORE, stream=stream,
+                         slot_bytes=slot_bytes, slots=slots, slots_in_l2=True)
+        getattr(cache.model, "load" if load else "store")(ids, sizes, firsts, chunk_ids)
+        cache.check()
+
+
+def test_a_ring_larger_than_persisting_l2_is_refused_before_it_copies():
+    rng = np.random.default_rng(5)
+    cache = Cache(rng, [4096], [2], 16, 8, 2, "chunk_major", 0)
+    most = torch.cuda.get_device_properties(0).L2_cache_size
+    with pytest.raises(ValueError, match=r"slot_bytes: slots x slot_bytes .* persisting L2"):
+        cache.table.copy(np.arange(8), np.arange(4), [8], [0], direction=LOAD, stream=torch.cuda.Stream(),
+                         slot_bytes=most, slots=2, slots_in_l2=True)
+    torch.cuda.synchronize()
+    cache.check()
+
+
+def test_a_handler_refuses_a_ring_larger_than_persisting_l2_when_it_is_made():
+    too_large = (_C.persisting_l2_bytes(0) // 512 + 1) * 256
+    method = kv.Pages(kv.PagePath.STAGED, slot_bytes=too_large, slots=2, slots_in_l2=True)
+    with pytest.raises(ValueError, match=r"slot_bytes: slots x slot_bytes .* persisting L2"):
+        kv.OffloadHandler([[torch.zeros(16, 4096, dtype=torch.int8, device="cuda")]], num_cpu_chunks=4,
+                          blocks_per_chunk=4, method=method)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_loads_and_stores_in_flight_at_once_on_disjoint_blocks(path):
     rng = np.random.default_rng(3)

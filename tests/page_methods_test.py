@@ -1,5 +1,6 @@
 """kvoffload.page_methods: which path a handler's page jobs take, by layout and direction."""
 
+import numpy as np
 import pytest
 
 from kvoffload import page_methods
@@ -48,6 +49,20 @@ def test_a_page_method_object_names_its_bad_options():
         page_methods.Pages(ctas=True)
     with pytest.raises(ValueError, match="path: expected None or one of"):
         page_methods.Pages(path="dma")
+    with pytest.raises(ValueError, match="slot_bytes: must be >= "):
+        page_methods.Pages(slot_bytes=4096)
+    with pytest.raises(ValueError, match="slot_bytes: must be a multiple of 256, got 65537"):
+        page_methods.Pages(slot_bytes=65537)
+    with pytest.raises(ValueError, match="slots: must be >= 2, got 1"):
+        page_methods.Pages(slots=1)
+    with pytest.raises(ValueError, match="slots: must be <= 1024, got 1025"):
+        page_methods.Pages(slots=1025)
+    with pytest.raises(ValueError, match="slot_bytes: must be <= 1099511627776"):
+        page_methods.Pages(slot_bytes=1 << 62)
+    ring = page_methods.Pages(slot_bytes=np.int64(1 << 20), slots=np.int32(3))
+    assert type(ring.slot_bytes) is int and type(ring.slots) is int and (ring.slot_bytes, ring.slots) == (1 << 20, 3)
+    with pytest.raises(TypeError, match="slots_in_l2: expected a bool, got int"):
+        page_methods.Pages(slots_in_l2=1)
     assert page_methods.Pages(PagePath.DMA, ctas=4).name == "pages_dma"
     assert page_methods.Pages().name == "pages"
     assert page_methods.Pages.named("pages") == page_methods.Pages()

@@ -228,7 +228,10 @@ def test_groups_that_share_one_tensor_with_equal_pages_keep_sub_block_keys():
 @pytest.mark.parametrize("options, message", [
     (dict(ring=4), r"ring: must be in \[0, 4\), got 4"),
     (dict(ring=-1), r"ring: must be in \[0, 4\), got -1"),
-    (dict(slots=1), r"slots: must be >= 2, got 1"),
+    (dict(slots=1), r"slots: must be in \[2, 1024\], got 1"),
+    (dict(slots=1025), r"slots: must be in \[2, 1024\], got 1025"),
+    (dict(slot_bytes=1 << 62, slots=4), r"slot_bytes: must be a multiple of 256 in \[32768, 1099511627776\], got 4611686018427387904"),
+    (dict(slot_bytes=65537), r"slot_bytes: must be a multiple of 256 in \[32768, "),
     (dict(max_ctas=0), r"max_ctas: must be >= 1, got 0"),
 ])
 def test_bad_copy_options_are_refused_before_anything_runs(options, message):

@@ -1,23 +1,50 @@
 #include "cc/copy/staging_ring.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 
 #include "cc/cuda/cuda_check.h"
 
 namespace kvoffload {
 
-StagingRing& StagingRing::For(int device, Direction direction, int64_t slot_bytes, int slots, int ring) {
-  using Key = std::tuple<int, Direction, int64_t, int, int>;
+StagingRing& StagingRing::For(int device, Direction direction, int64_t slot_bytes, int slots, int ring,
+                              bool in_l2) {
+  using Key = std::tuple<int, Direction, int64_t, int, int, bool>;
   static std::mutex mutex;
   // Never destroyed: rings outlive every stream that may still wait on them at exit.
   static auto* rings = new std::map<Key, std::unique_ptr<StagingRing>>();
   std::lock_guard<std::mutex> lock(mutex);
-  std::unique_ptr<StagingRing>& made = (*rings)[Key{device, direction, slot_bytes, slots, ring}];
-  if (made == nullptr) made = std::make_unique<StagingRing>(slot_bytes, slots);
+  std::unique_ptr<StagingRing>& made = (*rings)[Key{device, direction, slot_bytes, slots, ring, in_l2}];
+  if (made == nullptr) {
+    if (in_l2) RequireFitsL2(device, slot_bytes, slots);
+    auto ring = std::make_unique<StagingRing>(slot_bytes, slots);
+    if (in_l2) ring->HoldInL2(device);  // on a throw, the ring is freed and the next copy tries again
+    made = std::move(ring);
+  }
   return *made;
+}
+
+int64_t StagingRing::PersistingL2Bytes(int device) {
+  int window = 0, persisting = 0;
+  CheckCuda(cudaDeviceGetAttribute(&window, cudaDevAttrMaxAccessPolicyWindowSize, device),
+            "cudaDeviceGetAttribute(cudaDevAttrMaxAccessPolicyWindowSize)");
+  CheckCuda(cudaDeviceGetAttribute(&persisting, cudaDevAttrMaxPersistingL2CacheSize, device),
+            "cudaDeviceGetAttribute(cudaDevAttrMaxPersistingL2CacheSize)");
+  return std::min<int64_t>(window, persisting);
+}
+
+void StagingRing::RequireFitsL2(int device, int64_t slot_bytes, int slots) {
+  const int64_t most = PersistingL2Bytes(device);
+  if (slot_bytes * slots > most) {
+    throw std::invalid_argument("slot_bytes: slots x slot_bytes (" + std::to_string(slots) + " x " +
+                                std::to_string(slot_bytes) + ") must fit the " + std::to_string(most) +
+                                " bytes this device can hold in persisting L2 (slots_in_l2)");
+  }
 }
 
 StagingRing::StagingRing(int64_t slot_bytes, int slots) : slot_bytes_(slot_bytes), slots_(slots) {
@@ -36,6 +63,28 @@ StagingRing::StagingRing(int64_t slot_bytes, int slots) : slot_bytes_(slot_bytes
     slot_full_.push_back(full_event);
   }
   CheckCuda(cudaEventCreateWithFlags(&fence_, cudaEventDisableTiming), "cudaEventCreate");
+}
+
+// The set-aside is the device's: it grows from whatever it was (the model's own, other
+// rings'), up to the device's maximum. For() holds its lock here, so rings grow it in turn.
+void StagingRing::HoldInL2(int device) {
+  int most = 0;
+  CheckCuda(cudaDeviceGetAttribute(&most, cudaDevAttrMaxPersistingL2CacheSize, device),
+            "cudaDeviceGetAttribute(cudaDevAttrMaxPersistingL2CacheSize)");
+  size_t held = 0;
+  CheckCuda(cudaDeviceGetLimit(&held, cudaLimitPersistingL2CacheSize),
+            "cudaDeviceGetLimit(cudaLimitPersistingL2CacheSize)");
+  cudaStreamAttrValue value = {};
+  value.accessPolicyWindow.base_ptr = memory_;
+  value.accessPolicyWindow.num_bytes = static_cast<size_t>(slot_bytes_ * slots_);
+  value.accessPolicyWindow.hitRatio = 1.0f;
+  value.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
+  value.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+  CheckCuda(cudaStreamSetAttribute(kernel_, cudaStreamAttributeAccessPolicyWindow, &value),
+            "cudaStreamSetAttribute(cudaStreamAttributeAccessPolicyWindow)");
+  const int64_t grown = std::min<int64_t>(most, static_cast<int64_t>(held) + slot_bytes_ * slots_);
+  CheckCuda(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, static_cast<size_t>(grown)),
+            "cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize)");
 }
 
 StagingRing::~StagingRing() {

@@ -16,11 +16,19 @@ namespace kvoffload {
 // through them, a DMA stream and a kernel stream at the highest priority (short
 // gather/scatter kernels then take the next free SMs even beside a model's kernels).
 // A load fills a slot by DMA and drains it with a kernel; a store the other way round.
+// With in_l2 the slots are held in persisting L2 (the kernel stream's access policy
+// window), so a slice need not cross HBM between the DMA and the kernel.
 class StagingRing {
  public:
   // Ring number `ring` of `device` (current) for one direction and geometry, made on
   // first use and kept. Hold mutex() around Run().
-  static StagingRing& For(int device, Direction direction, int64_t slot_bytes, int slots, int ring = 0);
+  static StagingRing& For(int device, Direction direction, int64_t slot_bytes, int slots, int ring = 0,
+                          bool in_l2 = false);
+
+  // The bytes of slots `device` can hold in persisting L2 (0 where it has none).
+  static int64_t PersistingL2Bytes(int device);
+  // Throws std::invalid_argument naming slot_bytes when slots x slot_bytes exceed PersistingL2Bytes.
+  static void RequireFitsL2(int device, int64_t slot_bytes, int slots);
 
   std::mutex& mutex() { return mutex_; }
 
@@ -80,6 +88,9 @@ class StagingRing {
     CheckCuda(cudaEventRecord(slot_free_[slot.index], b), "cudaEventRecord");
   }
 
+  // Grows the device's persisting set-aside by the slots and holds them in it (the kernel
+  // stream's access policy window). cudaDeviceSetLimit waits for the device.
+  void HoldInL2(int device);
   void Begin(cudaStream_t caller);
   void End(cudaStream_t caller);
 

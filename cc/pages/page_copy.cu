@@ -103,7 +103,8 @@ void StagedPageCopy(const DevicePageTable& table, const PageJob& job, Direction 
   std::vector<HostRuns> runs(slices.size());
   for (size_t i = 0; i < slices.size(); ++i) SliceHostRuns(layout, segments, slices[i], runs[i]);
 
-  StagingRing& ring = StagingRing::For(device, direction, options.slot_bytes, options.slots, options.ring);
+  StagingRing& ring = StagingRing::For(device, direction, options.slot_bytes, options.slots, options.ring,
+                                       options.slots_in_l2);
   std::lock_guard<std::mutex> lock(ring.mutex());
   ring.Run(stream, [&] {
     const StreamUpload upload = UploadJob(job, segments, ring.kernel_stream());
@@ -191,13 +192,15 @@ void ValidatePageCopyOptions(const PageCopyOptions& options) {
   if (options.max_ctas < 1) {
     throw std::invalid_argument("max_ctas: must be >= 1, got " + std::to_string(options.max_ctas));
   }
-  if (options.slot_bytes < kPageUnitBytes || options.slot_bytes % 256 != 0) {
-    throw std::invalid_argument("slot_bytes: must be a multiple of 256 and >= " +
-                                std::to_string(kPageUnitBytes) + ", got " +
-                                std::to_string(options.slot_bytes));
+  if (options.slot_bytes < kPageUnitBytes || options.slot_bytes > kMaxSlotBytes ||
+      options.slot_bytes % 256 != 0) {
+    throw std::invalid_argument("slot_bytes: must be a multiple of 256 in [" +
+                                std::to_string(kPageUnitBytes) + ", " + std::to_string(kMaxSlotBytes) +
+                                "], got " + std::to_string(options.slot_bytes));
   }
-  if (options.slots < 2) {
-    throw std::invalid_argument("slots: must be >= 2, got " + std::to_string(options.slots));
+  if (options.slots < 2 || options.slots > kMaxSlots) {
+    throw std::invalid_argument("slots: must be in [2, " + std::to_string(kMaxSlots) + "], got " +
+                                std::to_string(options.slots));
   }
   if (options.src_order != SrcAccessOrder::kStream && options.src_order != SrcAccessOrder::kAny) {
     throw std::invalid_argument("src_order: must be STREAM or ANY, got " +

@@ -48,6 +48,7 @@ struct PageCopyOptions {
   int max_ctas = 32;                       // CTAs of 1024 threads for the kernel
   int64_t slot_bytes = int64_t{64} << 20;  // one DMA slice
   int slots = 2;
+  bool slots_in_l2 = false;  // the slots held in persisting L2 (StagingRing)
   // Which of the device's rings of this direction and geometry: copies on different
   // rings never queue behind each other's (expedited loads take a ring of their own).
   int ring = 0;
@@ -58,6 +59,8 @@ struct PageCopyOptions {
 };
 
 inline constexpr int kMaxRings = 4;  // each ring holds slots x slot_bytes of device memory
+inline constexpr int kMaxSlots = 1 << 10;
+inline constexpr int64_t kMaxSlotBytes = int64_t{1} << 40;
 
 // Moves the job's pages between the table's GPU blocks and CPU chunks on `stream`, in
 // stream order. The job is validated first (ValidateJob); nothing is

@@ -86,7 +86,13 @@ def page_choice(method: Pages | Auto | CopyMethod, device, pages) -> PageChoice 
     if device.type != "cuda" or not isinstance(method, Pages):
         return None
     cal = page_calibration.page_calibration(device.index) if method.max_slowdown is not None else None
-    return PageChoice.of(method, pages, batch_entry_point_version() > 0, cal)
+    choice = PageChoice.of(method, pages, batch_entry_point_version() > 0, cal)
+    if method.slots_in_l2 and PagePath.STAGED in choice.paths.values():
+        most = _C.persisting_l2_bytes(device.index)
+        if method.slots * method.slot_bytes > most:
+            raise ValueError(f"slot_bytes: slots x slot_bytes ({method.slots} x {method.slot_bytes}) must fit the "
+                             f"{most} bytes {device} can hold in persisting L2 (slots_in_l2)")
+    return choice
 
 
 def cpu_layout_for(choice: PageChoice | None, own_pool: bool = True) -> str:
@@ -120,7 +126,9 @@ class PageJobs:
     descriptor_arrays_allocated = 0
 
     def __init__(self, method: Pages, layout, table, registry, choice: PageChoice):
-        self._layout, self._table, self._ctas = layout, table, method.ctas
+        self._layout, self._table = layout, table
+        self._ring = dict(max_ctas=method.ctas, slot_bytes=method.slot_bytes, slots=method.slots,
+                          slots_in_l2=method.slots_in_l2)
         self.paths = choice.paths
         cal = choice.cal
         gpu_spans, cpu_spans = table.spans()
@@ -131,6 +139,9 @@ class PageJobs:
             if cpu_span:
                 registry.check([t.cpu_base], [cpu_span], MemoryKind.HOST, f"group {g} CPU extent")
         page = page_methods.mean_page_bytes(page_methods.layout_pages(layout))
+        if method.slots_in_l2 and PagePath.STAGED in self.paths.values():
+            logger.warning("kvoffload: the staging ring's slots are held in persisting L2; the set-aside "
+                           "slows every step of a model on this device (docs/studies.md)")
         for d in Direction if cal is not None else ():
             if cal.noisy_at(d, page):
                 logger.warning("kvoffload: the page calibration's %s figures near %.0f page bytes were "
@@ -160,7 +171,7 @@ class PageJobs:
         del plan, sources
         path = self.paths[job.direction]
         copy = functools.partial(self._table.copy_job, prepared, direction=job.direction.native, path=path,
-                                 max_ctas=self._ctas, ring=int(job.lane == "expedited"))
+                                 ring=int(job.lane == "expedited"), **self._ring)
         if job.direction is Direction.LOAD and path == PagePath.DMA:
             copy, resolve = _quiet_source_reads(copy, resolve, done)
         return JobCopy(copy, resolve, pipelined=path == PagePath.STAGED)

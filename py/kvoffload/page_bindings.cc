@@ -15,6 +15,7 @@
 
 #include "cc/copy/copy_path.h"
 #include "cc/copy/direction.h"
+#include "cc/copy/staging_ring.h"
 #include "cc/cuda/stream_device.h"
 #include "cc/pages/page_copy.h"
 #include "cc/pages/page_table.h"
@@ -283,28 +284,30 @@ void BindPages(nb::module_& m) {
           "copy",
           [](PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i, Direction direction,
              nb::handle stream, PagePath path, int max_ctas, int64_t slot_bytes, int slots, int ring,
-             SrcAccessOrder src_order) {
+             SrcAccessOrder src_order, bool slots_in_l2) {
             return t.Copy(JobIds(b, c, g, i), direction, stream,
-                          PageCopyOptions{path, max_ctas, slot_bytes, slots, ring, src_order});
+                          PageCopyOptions{path, max_ctas, slot_bytes, slots, slots_in_l2, ring, src_order});
           },
           nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
           nb::arg("block_indices"), nb::arg("direction"), nb::arg("stream").none(),
           nb::arg("path") = kPageDefaults.path, nb::arg("max_ctas") = kPageDefaults.max_ctas,
           nb::arg("slot_bytes") = kPageDefaults.slot_bytes, nb::arg("slots") = kPageDefaults.slots,
-          nb::arg("ring") = 0, nb::arg("src_order") = kPageDefaults.src_order)
+          nb::arg("ring") = 0, nb::arg("src_order") = kPageDefaults.src_order,
+          nb::arg("slots_in_l2") = kPageDefaults.slots_in_l2)
       .def(
           "copy_job",
           [](PyPageTable& t, const PreparedJob& job, Direction direction, nb::handle stream, PagePath path,
-             int max_ctas, int64_t slot_bytes, int slots, int ring, SrcAccessOrder src_order) {
+             int max_ctas, int64_t slot_bytes, int slots, int ring, SrcAccessOrder src_order,
+             bool slots_in_l2) {
             t.RequireOwn(job);
             return t.Copy(job.ids, direction, stream,
-                          PageCopyOptions{path, max_ctas, slot_bytes, slots, ring, src_order},
+                          PageCopyOptions{path, max_ctas, slot_bytes, slots, slots_in_l2, ring, src_order},
                           /*checked=*/true);
           },
           nb::arg("job"), nb::arg("direction"), nb::arg("stream").none(), nb::arg("path") = kPageDefaults.path,
           nb::arg("max_ctas") = kPageDefaults.max_ctas, nb::arg("slot_bytes") = kPageDefaults.slot_bytes,
           nb::arg("slots") = kPageDefaults.slots, nb::arg("ring") = 0,
-          nb::arg("src_order") = kPageDefaults.src_order);
+          nb::arg("src_order") = kPageDefaults.src_order, nb::arg("slots_in_l2") = kPageDefaults.slots_in_l2);
   nb::class_<PreparedJob>(m, "PreparedJob", "A job's ids, copied and checked by PageTable.prepare.")
       .def(
           "ids",
@@ -319,6 +322,11 @@ void BindPages(nb::module_& m) {
   m.attr("PAGE_COPY_CTAS") = kPageDefaults.max_ctas;
   m.attr("PAGE_SLOT_BYTES") = kPageDefaults.slot_bytes;
   m.attr("PAGE_SLOTS") = kPageDefaults.slots;
+  m.attr("PAGE_MAX_SLOT_BYTES") = kMaxSlotBytes;
+  m.attr("PAGE_MAX_SLOTS") = kMaxSlots;
+  m.def(
+      "persisting_l2_bytes", [](int device) { return StagingRing::PersistingL2Bytes(device); }, nb::arg("device"),
+      "The bytes of staging slots the device can hold in persisting L2.");
 }
 
 }  // namespace kvoffload

@@ -26,6 +26,7 @@ FORCED = {"pages_staged": PagePath.STAGED, "pages_kernel": PagePath.KERNEL, "pag
 METHODS = ("pages",) + tuple(FORCED)
 DMA_FROM_PAGE_BYTES = {Direction.STORE: 20 << 10, Direction.LOAD: 20 << 10}
 PAGE_CTAS = _C.PAGE_COPY_CTAS  # the gather and scatter kernels' CTAs (cc/pages/page_copy.h)
+SLOT_BYTES, SLOTS = _C.PAGE_SLOT_BYTES, _C.PAGE_SLOTS  # the staging ring's
 
 
 def layout_pages(layout) -> list[list[int]]:
@@ -46,17 +47,29 @@ class Pages:
     that PagePath, or None ("pages") to choose from the layout (``choose``).
     ``ctas``: the gather and scatter kernels' CTAs. ``max_slowdown``: with path None, the
     step slowdown over bulk copies' that a model beside may be given, chosen by from the
-    device's page calibration; None: the built-in choice."""
+    device's page calibration; None: the built-in choice. ``slots`` x ``slot_bytes``: the
+    staging ring. ``slots_in_l2`` holds its slots in persisting L2: a study, not a speed-up.
+    The device-wide set-aside it leaves slows a model's every step (docs/studies.md#the-ring-in-persisting-l2)."""
 
     path: PagePath | None = None
     ctas: int = PAGE_CTAS
     max_slowdown: float | None = None
+    slot_bytes: int = SLOT_BYTES
+    slots: int = SLOTS
+    slots_in_l2: bool = False
     MAX_CTAS: ClassVar[int] = 1 << 16
 
     def __post_init__(self):
         if self.path is not None and self.path not in FORCED.values():
             raise ValueError(f"path: expected None or one of {list(FORCED.values())}, got {self.path!r}")
         require_int("ctas", self.ctas, 1, self.MAX_CTAS)
+        object.__setattr__(self, "slot_bytes",
+                           require_int("slot_bytes", self.slot_bytes, _C.PAGE_UNIT_BYTES, _C.PAGE_MAX_SLOT_BYTES))
+        if self.slot_bytes % 256:
+            raise ValueError(f"slot_bytes: must be a multiple of 256, got {self.slot_bytes}")
+        object.__setattr__(self, "slots", require_int("slots", self.slots, 2, _C.PAGE_MAX_SLOTS))
+        if not isinstance(self.slots_in_l2, bool):
+            raise TypeError(f"slots_in_l2: expected a bool, got {type(self.slots_in_l2).__name__}")
         if self.max_slowdown is not None:
             if self.path is not None:
                 raise ValueError(f"max_slowdown: chooses a path, and path {name(self.path)!r} is forced")
