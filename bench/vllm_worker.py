@@ -155,12 +155,13 @@ def main(argv):
     connections = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "8")
     rng = np.random.default_rng(0)
     rows = []
-    loop = None
+    loop = clean_step = None
     if not gpu:
         print("no GPU: running kvoffload's host path on a small cache, not the PCIe link")
     else:
         if FLAGS.beside:
             loop = compute_loop.ComputeLoop(torch, FLAGS.workload)
+            clean_step = meter.clean_step_seconds(loop)  # before any worker: idle_vs_clean
         peer = vllm_peer.install(torch)
     for layout in FLAGS.layouts:
         row_bytes, refs, n, blocks = LAYOUTS[layout]
@@ -221,31 +222,35 @@ def main(argv):
                 bulk = beside[f"bulk {direction}"]
                 row.update(gb_per_s_beside=got.gb_per_s, step_slowdown=got.step_slowdown,
                            bulk_step_slowdown=bulk.step_slowdown, idle_drift=got.idle_drift,
+                           idle_vs_clean=got.idle_step_seconds / clean_step - 1,
                            noisy=got.noisy, windows=got.windows, dry_steps=got.dry_steps)
-                print(f"{layout:<12} {method:<13} {direction:<6} {got.summary()}; bulk {bulk.step_slowdown:+.2%}")
+                print(f"{layout:<12} {method:<13} {direction:<6} {got.summary()}; bulk {bulk.step_slowdown:+.2%}; "
+                      f"idle {row['idle_vs_clean']:+.2%} over the clean loop")
             rows.append(row)
         for worker in workers.values():
             worker.shutdown()
         del cache, workers, sources
         if gpu:
             torch.cuda.empty_cache()
-        write(torch, rows, loop)
+        write(torch, rows, loop, clean_step)
 
 
-def write(torch, rows, loop):
+def write(torch, rows, loop, clean_step):
     """The rows so far, as JSON at --out (after every layout: a run cut short keeps them)."""
     if not FLAGS.out:
         return
     path = os.path.join(os.environ.get("BUILD_WORKSPACE_DIRECTORY", "."), FLAGS.out)
     meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
                 device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                workload=FLAGS.workload, step_seconds=loop.step_seconds if loop else None, steps=FLAGS.steps,
+                workload=FLAGS.workload, step_seconds=loop.step_seconds if loop else None,
+                clean_step_seconds=clean_step, steps=FLAGS.steps,
                 rounds=FLAGS.rounds, noise=meter.NOISE, warm_seconds=meter.WARM_SECONDS,
                 dma_from_page_bytes={d.value: b for d, b in page_methods.DMA_FROM_PAGE_BYTES.items()},
                 note="kvoffload.meter: each source kept in flight (two jobs per direction, fed from "
                      "a thread of their own) through windows of at least 100 steps of the loop of "
                      "kvoffload.compute_loop named in workload, each between idle windows; "
-                     "step_slowdown against them, idle_drift their difference. vllm_worker is vLLM "
+                     "step_slowdown against them, idle_drift their difference, idle_vs_clean their mean "
+                     "against the loop's before any worker was made. vllm_worker is vLLM "
                      "0.33's CPUOffloadingWorker with bench/vllm_peer.py's stand-in op.")
     with open(path, "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)

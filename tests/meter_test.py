@@ -112,6 +112,7 @@ def test_the_slowing_source_shows_its_slowdown_and_the_harmless_one_none():
         assert not result.noisy
         want = SLOW if name == "slow" else 0.0
         assert result.step_slowdown == pytest.approx(want, abs=5e-4), result.windows
+        assert result.idle_step_seconds == pytest.approx(STEP, rel=2e-3)  # the idle windows', not the busy
         assert result.gb_per_s > 0
 
 
@@ -166,3 +167,32 @@ def test_the_warm_up_keeps_a_cold_start_out_of_the_first_window(warm):
         assert not got.noisy
     else:
         assert first["idle_drift"] > meter.NOISE and got.noisy, got.windows
+
+
+def test_a_source_that_slows_the_device_for_good_shows_against_the_clean_loop_not_in_its_slowdown():
+    # Its copies leave the device slower after they drain, as a persisting L2 set-aside does:
+    # its idle windows are slowed as much as its busy ones.
+    loop = FakeLoop()
+
+    class Lingering(Source):
+        def drain(self):
+            moved = super().drain()
+            self.interval[1] = float("inf")
+            return moved
+
+    clean = meter.clean_step_seconds(loop, steps=40, warm=0)
+    assert clean == pytest.approx(STEP, rel=2e-3)
+    harmless = meter.measure(loop, {"harmless": lambda: Source(loop.gpu, False)}, steps=40, rounds=1, margin=8,
+                             warm=0)["harmless"]
+    assert harmless.idle_step_seconds / clean - 1 == pytest.approx(0.0, abs=2e-3)
+    got = meter.measure(loop, {"lingering": lambda: Lingering(loop.gpu, True)}, steps=40, rounds=2, margin=8,
+                        warm=0)["lingering"]
+    assert abs(got.windows[1]["step_slowdown"]) < 2e-3, got.windows  # its idle windows slowed alike
+    assert got.windows[1]["idle_step_seconds"] / clean - 1 == pytest.approx(SLOW, rel=0.05)
+
+
+@pytest.mark.parametrize("bad, match", [(dict(steps=0), "steps: must be >= 1, got 0"),
+                                        (dict(warm=-1), "warm: must be >= 0, got -1")])
+def test_the_clean_steps_bad_arguments_are_named(bad, match):
+    with pytest.raises(ValueError, match=match):
+        meter.clean_step_seconds(FakeLoop(), **(dict(steps=10, warm=0) | bad))

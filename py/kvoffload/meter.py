@@ -61,8 +61,9 @@ class Result:
     gb_per_s: float  # beside the loop, from the first submission to the last byte
     step_slowdown: float  # mean over its busy windows
     idle_drift: float  # the largest in magnitude over its windows, signed
-    windows: list[dict]  # per busy window: step_slowdown, idle_drift
+    windows: list[dict]  # per busy window: step_slowdown, idle_drift, idle_step_seconds
     dry_steps: int
+    idle_step_seconds: float  # mean of the idle windows around its busy ones
 
     @property
     def noisy(self) -> bool:
@@ -155,13 +156,21 @@ class _Feeder(threading.Thread):
             self.error = e
 
 
+def _window_steps(loop) -> int:
+    return max(STEPS, math.ceil(WINDOW_SECONDS / loop.step_seconds))
+
+
+def _ahead(loop) -> int:
+    return max(4, min(40, math.ceil(AHEAD_SECONDS / loop.step_seconds)))
+
+
 def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = None,
             rounds: int = ROUNDS, margin: int | None = None, warm: int | None = None) -> dict[str, Result]:
     """Each source (a function returning the Copies to keep in flight) in ``rounds`` busy
     windows beside ``loop``, between idle windows (see the module doc). steps, margin: per
     window; warm: steps run before the first window. Default: STEPS and WINDOW_SECONDS,
     MARGIN_SECONDS and WARM_SECONDS of the loop's steps."""
-    steps = steps if steps is not None else max(STEPS, math.ceil(WINDOW_SECONDS / loop.step_seconds))
+    steps = steps if steps is not None else _window_steps(loop)
     margin = margin if margin is not None else max(4, math.ceil(MARGIN_SECONDS / loop.step_seconds))
     warm = warm if warm is not None else math.ceil(WARM_SECONDS / loop.step_seconds)
     for name, value, least in (("steps", steps, 1), ("rounds", rounds, 1), ("margin", margin, 2),
@@ -206,7 +215,7 @@ def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = 
                 return
             time.sleep(POLL_SECONDS)
 
-    ahead = max(4, min(40, math.ceil(AHEAD_SECONDS / loop.step_seconds)))
+    ahead = _ahead(loop)
     try:
         for i in range(total):
             wait_and_feed(i - ahead)
@@ -235,10 +244,31 @@ def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = 
         dry = len(stream.dry & set(range(window_starts[p] - 1, window_starts[p] + steps)))
         results[name].append(dict(step_slowdown=means[p] / ((before + after) / 2) - 1,
                                   idle_drift=after / before - 1, gb_per_s=moved / seconds / 1e9,
-                                  dry_steps=dry, covered=covered))
+                                  dry_steps=dry, covered=covered, idle_step_seconds=(before + after) / 2))
     return {name: Result(sum(w["gb_per_s"] for w in ws) / len(ws),
                          sum(w["step_slowdown"] for w in ws) / len(ws),
                          max((w["idle_drift"] for w in ws), key=abs), ws,
-                         sum(w["dry_steps"] for w in ws))
+                         sum(w["dry_steps"] for w in ws),
+                         sum(w["idle_step_seconds"] for w in ws) / len(ws))
             for name, ws in results.items()}
+
+
+def clean_step_seconds(loop, steps: int | None = None, warm: int | None = None) -> float:
+    """The loop's mean step over ``steps`` after ``warm``, run before any source is made in
+    the process (defaults as measure's). A source that changes the whole device beyond its
+    window (a persisting L2 set-aside) slows the idle windows too, so step_slowdown cannot
+    see it; a Result's idle_step_seconds against this can."""
+    steps = steps if steps is not None else _window_steps(loop)
+    warm = warm if warm is not None else math.ceil(WARM_SECONDS / loop.step_seconds)
+    require_int("steps", steps, 1)
+    require_int("warm", warm, 0)
+    stream = _Stream(loop, warm + steps)
+    ahead = _ahead(loop)
+    for _ in range(warm + steps):
+        while stream.enqueued - stream.done > ahead:
+            time.sleep(POLL_SECONDS)
+            stream.poll()
+        stream.enqueue()
+    loop.torch.cuda.synchronize()
+    return stream.step_seconds(warm, warm + steps)
 
