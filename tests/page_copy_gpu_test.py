@@ -131,7 +131,7 @@ def test_a_ring_larger_than_persisting_l2_is_refused_before_it_copies():
 
 
 def test_a_handler_refuses_a_ring_larger_than_persisting_l2_when_it_is_made():
-    too_large = (_C.persisting_l2_bytes(0) // 512 + 1) * 256
+    too_large = torch.cuda.get_device_properties(0).L2_cache_size  # two: more than all of L2
     method = kv.Pages(kv.PagePath.STAGED, slot_bytes=too_large, slots=2, slots_in_l2=True)
     with pytest.raises(ValueError, match=r"slot_bytes: slots x slot_bytes .* persisting L2"):
         kv.OffloadHandler([[torch.zeros(16, 4096, dtype=torch.int8, device="cuda")]], num_cpu_chunks=4,

@@ -29,17 +29,13 @@ StagingRing& StagingRing::For(int device, Direction direction, int64_t slot_byte
   return *made;
 }
 
-int64_t StagingRing::PersistingL2Bytes(int device) {
+void StagingRing::RequireFitsL2(int device, int64_t slot_bytes, int slots) {
   int window = 0, persisting = 0;
   CheckCuda(cudaDeviceGetAttribute(&window, cudaDevAttrMaxAccessPolicyWindowSize, device),
             "cudaDeviceGetAttribute(cudaDevAttrMaxAccessPolicyWindowSize)");
   CheckCuda(cudaDeviceGetAttribute(&persisting, cudaDevAttrMaxPersistingL2CacheSize, device),
             "cudaDeviceGetAttribute(cudaDevAttrMaxPersistingL2CacheSize)");
-  return std::min<int64_t>(window, persisting);
-}
-
-void StagingRing::RequireFitsL2(int device, int64_t slot_bytes, int slots) {
-  const int64_t most = PersistingL2Bytes(device);
+  const int64_t most = std::min<int64_t>(window, persisting);
   if (slot_bytes * slots > most) {
     throw std::invalid_argument("slot_bytes: slots x slot_bytes (" + std::to_string(slots) + " x " +
                                 std::to_string(slot_bytes) + ") must fit the " + std::to_string(most) +

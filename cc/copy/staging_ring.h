@@ -25,9 +25,8 @@ class StagingRing {
   static StagingRing& For(int device, Direction direction, int64_t slot_bytes, int slots, int ring = 0,
                           bool in_l2 = false);
 
-  // The bytes of slots `device` can hold in persisting L2 (0 where it has none).
-  static int64_t PersistingL2Bytes(int device);
-  // Throws std::invalid_argument naming slot_bytes when slots x slot_bytes exceed PersistingL2Bytes.
+  // Throws std::invalid_argument naming slot_bytes when slots x slot_bytes exceed what
+  // `device` can hold in persisting L2 (none where it has none).
   static void RequireFitsL2(int device, int64_t slot_bytes, int slots);
 
   std::mutex& mutex() { return mutex_; }

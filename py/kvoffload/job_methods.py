@@ -88,10 +88,7 @@ def page_choice(method: Pages | Auto | CopyMethod, device, pages) -> PageChoice 
     cal = page_calibration.page_calibration(device.index) if method.max_slowdown is not None else None
     choice = PageChoice.of(method, pages, batch_entry_point_version() > 0, cal)
     if method.slots_in_l2 and PagePath.STAGED in choice.paths.values():
-        most = _C.persisting_l2_bytes(device.index)
-        if method.slots * method.slot_bytes > most:
-            raise ValueError(f"slot_bytes: slots x slot_bytes ({method.slots} x {method.slot_bytes}) must fit the "
-                             f"{most} bytes {device} can hold in persisting L2 (slots_in_l2)")
+        _C.require_fits_l2(device.index, method.slot_bytes, method.slots)
     return choice
 
 

@@ -160,6 +160,10 @@ def _window_steps(loop) -> int:
     return max(STEPS, math.ceil(WINDOW_SECONDS / loop.step_seconds))
 
 
+def _warm_steps(loop) -> int:
+    return math.ceil(WARM_SECONDS / loop.step_seconds)
+
+
 def _ahead(loop) -> int:
     return max(4, min(40, math.ceil(AHEAD_SECONDS / loop.step_seconds)))
 
@@ -172,7 +176,7 @@ def measure(loop, sources: dict[str, Callable[[], Copies]], steps: int | None = 
     MARGIN_SECONDS and WARM_SECONDS of the loop's steps."""
     steps = steps if steps is not None else _window_steps(loop)
     margin = margin if margin is not None else max(4, math.ceil(MARGIN_SECONDS / loop.step_seconds))
-    warm = warm if warm is not None else math.ceil(WARM_SECONDS / loop.step_seconds)
+    warm = warm if warm is not None else _warm_steps(loop)
     for name, value, least in (("steps", steps, 1), ("rounds", rounds, 1), ("margin", margin, 2),
                                ("warm", warm, 0)):
         require_int(name, value, least)
@@ -259,7 +263,7 @@ def clean_step_seconds(loop, steps: int | None = None, warm: int | None = None) 
     window (a persisting L2 set-aside) slows the idle windows too, so step_slowdown cannot
     see it; a Result's idle_step_seconds against this can."""
     steps = steps if steps is not None else _window_steps(loop)
-    warm = warm if warm is not None else math.ceil(WARM_SECONDS / loop.step_seconds)
+    warm = warm if warm is not None else _warm_steps(loop)
     require_int("steps", steps, 1)
     require_int("warm", warm, 0)
     stream = _Stream(loop, warm + steps)

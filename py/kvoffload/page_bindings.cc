@@ -324,9 +324,9 @@ void BindPages(nb::module_& m) {
   m.attr("PAGE_SLOTS") = kPageDefaults.slots;
   m.attr("PAGE_MAX_SLOT_BYTES") = kMaxSlotBytes;
   m.attr("PAGE_MAX_SLOTS") = kMaxSlots;
-  m.def(
-      "persisting_l2_bytes", [](int device) { return StagingRing::PersistingL2Bytes(device); }, nb::arg("device"),
-      "The bytes of staging slots the device can hold in persisting L2.");
+  m.def("require_fits_l2", &StagingRing::RequireFitsL2, nb::arg("device"), nb::arg("slot_bytes"), nb::arg("slots"),
+        "Raises ValueError naming slot_bytes when a ring of slots x slot_bytes does not fit the device's "
+        "persisting L2.");
 }
 
 }  // namespace kvoffload
