@@ -12,6 +12,7 @@ import time
 import numpy as np
 from absl import app, flags
 
+from kvoffload import Direction
 from kvoffload.page_table import job_arguments, page_table, transfer_plan
 from kvoffload.planner import CPUSpec, GPUSpec, GroupLayout, KVLayout, TensorLayout, chunks_used
 from kvoffload.registry import MemoryRegistry
@@ -60,9 +61,9 @@ def main(argv):
 
     table = page_table(layout)
     ids = job_arguments(gpu, cpu)
-    plan = transfer_plan(table, table.prepare(*ids))
+    plan = transfer_plan(table, table.prepare(*ids), Direction.STORE)
     prepared = best_seconds(lambda: table.prepare(*ids), FLAGS.repeats)
-    planned = best_seconds(lambda: transfer_plan(table, table.prepare(*ids)), FLAGS.repeats)
+    planned = best_seconds(lambda: transfer_plan(table, table.prepare(*ids), Direction.STORE), FLAGS.repeats)
     pages = len(plan_per_block(layout, gpu, cpu))
     loop = best_seconds(lambda: plan_per_block(layout, gpu, cpu), 1)
     registry = MemoryRegistry()

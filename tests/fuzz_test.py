@@ -85,7 +85,7 @@ def test_page_table_with_hostile_specs_writes_only_inside_the_layout(block_ids, 
     table = page_table(layout)
     try:
         plan = transfer_plan(table, table.prepare(*job_arguments(GPUSpec(block_ids, sizes, firsts),
-                                                                 CPUSpec(chunk_ids))))
+                                                                 CPUSpec(chunk_ids))), kv.Direction.STORE)
     except (TypeError, ValueError):
         assert cpu_buf.canaries_intact()
         return

@@ -35,7 +35,7 @@ def test_multi_group_round_trip(bpc):
     chunk_ids = np.concatenate([rng.permutation(40)[: chunks_used(n, b, bpc)] for n, b in zip(sizes, firsts)])
     table = page_table(layout)
     plan = transfer_plan(table, table.prepare(*job_arguments(GPUSpec(block_ids, sizes, firsts),
-                                                             CPUSpec(chunk_ids))))
+                                                             CPUSpec(chunk_ids))), kv.Direction.STORE)
     assert plan.total_bytes == 4 * (20 * pages[0] + 13 * pages[1])
 
     original = [[t.clone() for t in g] for g in gpu]

@@ -18,25 +18,41 @@ from layouts import transfers
 from planner_reference import job_blocks, plan_per_block
 
 
-def plan(layout, gpu, cpu, host_breaks=()):
+def plan(layout, gpu, cpu, host_breaks=(), direction=kv.Direction.STORE):
     """The handler's order: the table checks the ids, then the groups sharing tensors."""
     table = page_table(layout, host_breaks)
     job = table.prepare(*job_arguments(gpu, cpu))
     check_shared(layout, gpu, cpu)
-    return transfer_plan(table, job)
+    return transfer_plan(table, job, direction)
 
 
-def merged_per_block(layout, gpu, cpu, host_breaks=()):
-    """The per-block reference, each tensor's chunks taken by the GPU block id of their
-    first page (the page table's DMA order), consecutive pages of one tensor merged where
-    they continue on both sides and no host break lies between: the plan's copies, sorted."""
+def chunk_major(group, bpc):
+    """Whether the page table takes ``group``'s pool as chunk-major: each tensor's pages
+    of a chunk right after the previous tensor's, at one stride."""
+    if not group.tensors:
+        return True
+    first, offset = group.tensors[0], 0
+    for t in group.tensors:
+        if t.cpu_stride != first.cpu_stride or t.cpu_base != first.cpu_base + offset:
+            return False
+        offset += bpc * t.page_bytes
+    return True
+
+
+def merged_per_block(layout, gpu, cpu, host_breaks=(), direction=kv.Direction.STORE):
+    """The per-block reference, each tensor's chunks taken in the page table's DMA order
+    (by the GPU block id of their first page, or by chunk for a store from a tensor-major
+    pool), consecutive pages of one tensor merged where they continue on both sides and no
+    host break lies between: the plan's copies, sorted."""
     pages, at, merged = plan_per_block(layout, gpu, cpu), 0, []
     blocks = list(job_blocks(layout.blocks_per_chunk, gpu.block_ids, gpu.group_sizes, gpu.block_indices,
                              cpu.chunk_ids))
     for g, group in enumerate(layout.groups):
         mine = [b for b in blocks if b[0] == g]  # (group, block, chunk, sub-block) in job order
         runs = [list(run) for _, run in itertools.groupby(range(len(mine)), key=lambda i: mine[i][2])]
-        order = [i for run in sorted(runs, key=lambda run: mine[run[0]][1]) for i in run]
+        by_chunk = direction is kv.Direction.STORE and not chunk_major(group, layout.blocks_per_chunk)
+        place = (lambda run: mine[run[0]][2]) if by_chunk else (lambda run: mine[run[0]][1])
+        order = [i for run in sorted(runs, key=place) for i in run]
         for _ in group.tensors:  # the reference is tensor-major in each group
             last = None
             for i in order:
@@ -119,6 +135,24 @@ def test_three_groups_aligned_empty_and_unaligned_at_both_ends():
     run(cache, "load", load_ids, sizes, firsts, chunk_ids)
 
 
+@pytest.mark.parametrize("direction", list(kv.Direction))
+def test_a_tensor_major_pool_goes_tensor_by_tensor_in_the_order_of_where_copies_land(direction):
+    rng = np.random.default_rng(11)
+    page, blocks, tensors = 64, 40, 3
+    # Padded on both sides: no two pages merge, so each copy is one page.
+    layout = KVLayout((GroupLayout(tuple(TensorLayout((1 << 20) + t * (1 << 16), page + 8, page,
+                                                      (1 << 30) + t * (1 << 16), page + 16)
+                                         for t in range(tensors)), blocks, blocks),), 1)
+    ids, chunks = rng.permutation(blocks)[:30], rng.permutation(blocks)[:30]
+    planned = plan(layout, GPUSpec(ids, [30], [0]), CPUSpec(chunks), direction=direction)
+    gpu, host = planned.gpu.reshape(tensors, 30), planned.cpu.reshape(tensors, 30)
+    assert (np.diff(gpu[:, 0]) > 0).all() and (np.diff(host[:, 0]) > 0).all()  # tensor by tensor
+    landing = host if direction is kv.Direction.STORE else gpu
+    assert (np.diff(landing, axis=1) > 0).all()
+    assert sorted(zip(gpu[0].tolist(), host[0].tolist())) == sorted(
+        zip(((1 << 20) + ids * (page + 8)).tolist(), ((1 << 30) + chunks * (page + 16)).tolist()))
+
+
 def test_consecutive_pages_of_a_tensor_merge_into_whole_chunks():
     rng = np.random.default_rng(3)
     cache = Cache(rng, [256], [3], num_blocks=32, num_chunks=8, bpc=4)
@@ -163,14 +197,14 @@ def test_pages_of_two_tensors_never_merge_even_where_they_continue(chunk_major):
 # ---- property tests against the per-block reference ----
 
 @settings(max_examples=300, deadline=None)
-@given(transfers(), st.data())
-def test_matches_the_per_block_reference(transfer, data):
+@given(transfers(), st.data(), st.sampled_from(list(kv.Direction)))
+def test_matches_the_per_block_reference(transfer, data, direction):
     layout, gpu, cpu = transfer
     reference = plan_per_block(layout, gpu, cpu)
     starts = sorted({c for _, c, _ in reference})
     breaks = data.draw(st.lists(st.sampled_from(starts), unique=True) if starts else st.just([]))
-    planned = plan(layout, gpu, cpu, breaks)
-    assert sorted(copies(planned)) == merged_per_block(layout, gpu, cpu, breaks)
+    planned = plan(layout, gpu, cpu, breaks, direction)
+    assert sorted(copies(planned)) == merged_per_block(layout, gpu, cpu, breaks, direction)
     assert planned.total_bytes == sum(n for _, _, n in reference)
     assert len(reference) >= planned.descriptors
     for array in (planned.gpu, planned.cpu, planned.sizes):
@@ -182,7 +216,7 @@ def test_matches_the_per_block_reference(transfer, data):
 def test_the_plan_writes_the_same_bytes_as_the_per_block_reference(transfer, direction):
     layout, gpu, cpu = transfer
     reference = np.array(plan_per_block(layout, gpu, cpu), dtype=np.int64).reshape(-1, 3).T.copy()
-    planned = plan(layout, gpu, cpu)
+    planned = plan(layout, gpu, cpu, direction=kv.Direction(direction))
     # Back the layout's address ranges with real memory: GPU side at 1 MiB, CPU side at 1 GiB.
     rng = np.random.default_rng(0)
     start = rng.integers(0, 256, 1 << 16, dtype=np.uint8), rng.integers(0, 256, 1 << 16, dtype=np.uint8)

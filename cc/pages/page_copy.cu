@@ -128,7 +128,7 @@ CopyResult DmaPageCopy(const PageLayout& layout, const PageJob& job, Direction d
                        SrcAccessOrder src_order) {
   thread_local PageDma dma;
   thread_local std::vector<uint8_t> order;
-  BuildPageDma(layout, job.block_ids, segments, dma);
+  BuildPageDma(layout, job.block_ids, segments, direction, dma);
   CopyBatch batch;
   HostOf(direction, batch.src, batch.dst) = dma.host.data();
   DeviceOf(direction, batch.src, batch.dst) = dma.gpu.data();

@@ -432,17 +432,19 @@ namespace {
 
 // Segments that BuildPageDma takes together, in turn: a chunk's tensors in a chunk-major
 // group (the segments of one chunk follow each other and share their first block), else
-// one segment. Sorting runs, not segments, keeps the host's time a copy small.
+// one segment. Sorting runs, not segments, keeps the host's time a copy small. A run's
+// place: its first GPU block id in a chunk-major group; in a tensor-major one, where its
+// copies land (the host address for a store, the GPU block id for a load).
 struct DmaRun {
-  int64_t group, ref, block;
+  int64_t group, ref, place;
   size_t first, end;
   bool operator<(const DmaRun& o) const {
-    return std::tie(group, ref, block) < std::tie(o.group, o.ref, o.block);
+    return std::tie(group, ref, place) < std::tie(o.group, o.ref, o.place);
   }
 };
 
 std::vector<DmaRun> DmaRuns(const PageLayout& layout, const int64_t* block_ids,
-                            const std::vector<Segment>& segments) {
+                            const std::vector<Segment>& segments, Direction direction) {
   std::vector<int64_t> group_of(layout.refs().size());
   for (int64_t g = 0; g < layout.groups(); ++g) {
     std::fill(group_of.begin() + layout.first_ref(g), group_of.begin() + layout.end_ref(g), g);
@@ -456,7 +458,9 @@ std::vector<DmaRun> DmaRuns(const PageLayout& layout, const int64_t* block_ids,
         segments[runs.back().first].first_block == s.first_block) {
       runs.back().end = i + 1;
     } else {
-      runs.push_back(DmaRun{g, chunk_major ? 0 : s.ref, block_ids[s.first_block], i, i + 1});
+      const int64_t block = block_ids[s.first_block];
+      runs.push_back(chunk_major ? DmaRun{g, 0, block, i, i + 1}
+                                 : DmaRun{g, s.ref, direction == Direction::kStore ? s.host : block, i, i + 1});
     }
   }
   std::stable_sort(runs.begin(), runs.end());
@@ -466,12 +470,12 @@ std::vector<DmaRun> DmaRuns(const PageLayout& layout, const int64_t* block_ids,
 }  // namespace
 
 void BuildPageDma(const PageLayout& layout, const int64_t* block_ids,
-                  const std::vector<Segment>& segments, PageDma& out) {
+                  const std::vector<Segment>& segments, Direction direction, PageDma& out) {
   out.gpu.clear();
   out.host.clear();
   out.size.clear();
   int32_t last_ref = -1;
-  for (const DmaRun& run : DmaRuns(layout, block_ids, segments)) {
+  for (const DmaRun& run : DmaRuns(layout, block_ids, segments, direction)) {
     for (size_t i = run.first; i < run.end; ++i) {
       const Segment& s = segments[i];
       const TensorRef& ref = layout.refs()[s.ref];

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/copy/direction.h"
 #include "cc/pages/page_address.h"
 
 namespace kvoffload {
@@ -124,15 +125,17 @@ void UnitCopies(const PageLayout& layout, const int64_t* block_ids,
 
 // The job as plain DMA: copy i moves size[i] bytes between gpu[i] and host[i]; one copy
 // per page, pages that follow each other on both sides merged, never across a host break.
-// Segments go group by group, by the GPU block id of their first page, a chunk's tensors
-// together in a chunk-major group, tensor by tensor in a tensor-major one. Beside a model
+// Segments go group by group: in a chunk-major group chunk by chunk, by the GPU block id
+// of its first page, a chunk's tensors together; in a tensor-major one tensor by tensor,
+// in the order of where they land (host address for a store, GPU block id for a load).
+// Beside a model
 // a copy engine's rate falls with the span of memory its copies touch
 // (docs/studies.md#dma-address-spread).
 struct PageDma {
   std::vector<int64_t> gpu, host, size;
 };
 void BuildPageDma(const PageLayout& layout, const int64_t* block_ids,
-                  const std::vector<Segment>& segments, PageDma& out);
+                  const std::vector<Segment>& segments, Direction direction, PageDma& out);
 
 }  // namespace kvoffload
 

@@ -421,7 +421,7 @@ void TestDmaIsThePagesMerged(std::mt19937_64& rng) {
     }
     layout.set_host_breaks(breaks);
     PageDma dma;
-    BuildPageDma(layout, c.block_ids.data(), segments, dma);
+    BuildPageDma(layout, c.block_ids.data(), segments, trial % 4 < 2 ? Direction::kStore : Direction::kLoad, dma);
     std::map<std::pair<int64_t, int64_t>, int64_t> pages = ReferencePages(c);
     EXPECT(dma.gpu.size() == dma.host.size() && dma.gpu.size() == dma.size.size());
     for (size_t i = 0; i < dma.size.size(); ++i) {
@@ -453,14 +453,15 @@ void TestDmaIsThePagesMerged(std::mt19937_64& rng) {
   std::vector<Segment> segments;
   BuildSegments(adjacent, job, segments);
   PageDma dma;
-  BuildPageDma(adjacent, block.data(), segments, dma);
+  BuildPageDma(adjacent, block.data(), segments, Direction::kStore, dma);
   EXPECT(dma.size == std::vector<int64_t>({page, page}));
 }
 
-// Copies go group by group, each chunk by the GPU block id of its first page, whatever
-// the job's order: a chunk's tensors together and in order in a chunk-major group,
-// tensor by tensor in a tensor-major one.
-void TestDmaGoesByBlock(std::mt19937_64& rng) {
+// Copies go group by group whatever the job's order: in a chunk-major group each chunk by
+// the GPU block id of its first page, its tensors together and in order; in a
+// tensor-major one tensor by tensor, by where they land (host address for a store, GPU
+// block id for a load).
+void TestDmaOrder(std::mt19937_64& rng) {
   int64_t checked = 0, several_blocks_a_chunk = 0;
   for (int trial = 0; trial < 600; ++trial) {
     RandomCase c = MakeCase(rng);
@@ -480,8 +481,9 @@ void TestDmaGoesByBlock(std::mt19937_64& rng) {
     }
     std::vector<Segment> segments;
     BuildSegments(layout, job, segments);
+    const Direction direction = trial % 2 == 0 ? Direction::kStore : Direction::kLoad;
     PageDma dma;
-    BuildPageDma(layout, c.block_ids.data(), segments, dma);
+    BuildPageDma(layout, c.block_ids.data(), segments, direction, dma);
     std::tuple<int64_t, int64_t, int64_t, int64_t> last{-1, -1, -1, -1};
     for (size_t i = 0; i < dma.gpu.size(); ++i) {
       int64_t g = 0, r = 0;
@@ -490,7 +492,8 @@ void TestDmaGoesByBlock(std::mt19937_64& rng) {
       const int64_t chunk = (dma.host[i] - c.refs[r].cpu_base) / c.refs[r].cpu_stride;
       const int64_t block = first_block[g].at(chunk);
       const auto at = layout.chunk_major(g) ? std::make_tuple(g, int64_t{0}, block, r)
-                                            : std::make_tuple(g, r, block, int64_t{0});
+                                            : std::make_tuple(g, r, direction == Direction::kStore ? dma.host[i] : block,
+                                                              int64_t{0});
       EXPECT(last <= at);
       last = at;
       ++checked;
@@ -510,6 +513,6 @@ int main() {
   kvoffload::TestFewIdsOverAWideRange(rng);
   kvoffload::TestBadJobs();
   kvoffload::TestDmaIsThePagesMerged(rng);
-  kvoffload::TestDmaGoesByBlock(rng);
+  kvoffload::TestDmaOrder(rng);
   return kvoffload::TestResult("page_table_test");
 }

@@ -199,7 +199,7 @@ class PlannedJobs:
         """(bytes, copies) of a job: its (src, dst, sizes), cut where the pool's registrations
         end, each checked against the registry."""
         del gpu
-        plan = self._pool.split_plan(transfer_plan(self._table, prepared))
+        plan = self._pool.split_plan(transfer_plan(self._table, prepared, direction))
         copies = plan.load() if direction is Direction.LOAD else plan.store()
         registry.check_copies(*copies, *direction.ends(MemoryKind.HOST, self._gpu_kind))
         return plan.total_bytes, copies

@@ -146,7 +146,7 @@ class PyPageTable {
 
   // One copy per page, pages of one tensor merged where they continue on both sides
   // (BuildPageDma): the copies of every method that plans on the host.
-  nb::tuple PageCopies(const PreparedJob& prepared) const {
+  nb::tuple PageCopies(const PreparedJob& prepared, Direction direction) const {
     RequireOwn(prepared);
     const PageJob job = prepared.ids.Job();
     PageDma copies;
@@ -154,7 +154,7 @@ class PyPageTable {
       nb::gil_scoped_release release;
       std::vector<Segment> segments;
       BuildSegments(layout_, job, segments);
-      BuildPageDma(layout_, job.block_ids, segments, copies);
+      BuildPageDma(layout_, job.block_ids, segments, direction, copies);
     }
     return nb::make_tuple(ToNumpy(std::move(copies.gpu)), ToNumpy(std::move(copies.host)),
                           ToNumpy(std::move(copies.size)));
@@ -269,10 +269,14 @@ void BindPages(nb::module_& m) {
            "(gpu_spans, cpu_spans): per tensor, in layout order, the bytes from its base to "
            "the end of its last block (GPU) or chunk (CPU); 0 where the group has none.")
       .def(
-          "page_copies", [](const PyPageTable& t, const PreparedJob& job) { return t.PageCopies(job); },
-          nb::arg("job"),
-          "(gpu, host, size) of a prepared job: a copy per page, those of one tensor merged where "
-          "they continue on both sides and no registration edge lies between.")
+          "page_copies",
+          [](const PyPageTable& t, const PreparedJob& job, Direction direction) {
+            return t.PageCopies(job, direction);
+          },
+          nb::arg("job"), nb::arg("direction"),
+          "(gpu, host, size) of a prepared job moved `direction`: a copy per page, those of one "
+          "tensor merged where they continue on both sides and no registration edge lies between, "
+          "in the page table's DMA order.")
       .def(
           "unit_copies",
           [](const PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i) {

@@ -18,6 +18,7 @@ import numpy as np
 
 from kvoffload import _C
 from kvoffload.planner import CPUSpec, GPUSpec, KVLayout, TransferPlan
+from kvoffload.vocabulary import Direction
 
 PageTable = _C.PageTable
 UNIT_BYTES = _C.PAGE_UNIT_BYTES
@@ -125,8 +126,8 @@ def job_names(gpu: GPUSpec, cpu: CPUSpec) -> tuple[str, str, str, str] | None:
     return gpu.name("block_ids"), cpu.name("chunk_ids"), gpu.name("group_sizes"), gpu.name("block_indices")
 
 
-def transfer_plan(table: PageTable, job) -> TransferPlan:
+def transfer_plan(table: PageTable, job, direction: Direction) -> TransferPlan:
     """The copies of a job ``table.prepare`` checked (PageTable.page_copies), as the
     methods that plan on the host take them."""
-    gpu, host, size = table.page_copies(job)
+    gpu, host, size = table.page_copies(job, direction.native)
     return TransferPlan(gpu, host, size, int(size.sum()))
