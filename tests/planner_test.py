@@ -151,6 +151,11 @@ def test_a_tensor_major_pool_goes_tensor_by_tensor_in_the_order_of_where_copies_
     assert (np.diff(landing, axis=1) > 0).all()
     assert sorted(zip(gpu[0].tolist(), host[0].tolist())) == sorted(
         zip(((1 << 20) + ids * (page + 8)).tolist(), ((1 << 30) + chunks * (page + 16)).tolist()))
+    table = page_table(layout)
+    job = table.prepare(*job_arguments(GPUSpec(ids, [30], [0]), CPUSpec(chunks)))
+    assert np.array_equal(transfer_plan(table, job, direction.value).cpu, planned.cpu)
+    with pytest.raises(ValueError, match="direction: expected one of"):
+        transfer_plan(table, job, "sideways")
 
 
 def test_consecutive_pages_of_a_tensor_merge_into_whole_chunks():

@@ -128,8 +128,7 @@ void UnitCopies(const PageLayout& layout, const int64_t* block_ids,
 // Segments go group by group: in a chunk-major group chunk by chunk, by the GPU block id
 // of its first page, a chunk's tensors together; in a tensor-major one tensor by tensor,
 // in the order of where they land (host address for a store, GPU block id for a load).
-// Beside a model
-// a copy engine's rate falls with the span of memory its copies touch
+// Beside a model a copy engine's rate falls with the span of memory its copies touch
 // (docs/studies.md#dma-address-spread).
 struct PageDma {
   std::vector<int64_t> gpu, host, size;

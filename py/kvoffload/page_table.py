@@ -126,8 +126,8 @@ def job_names(gpu: GPUSpec, cpu: CPUSpec) -> tuple[str, str, str, str] | None:
     return gpu.name("block_ids"), cpu.name("chunk_ids"), gpu.name("group_sizes"), gpu.name("block_indices")
 
 
-def transfer_plan(table: PageTable, job, direction: Direction) -> TransferPlan:
+def transfer_plan(table: PageTable, job, direction: Direction | str) -> TransferPlan:
     """The copies of a job ``table.prepare`` checked (PageTable.page_copies), as the
-    methods that plan on the host take them."""
-    gpu, host, size = table.page_copies(job, direction.native)
+    methods that plan on the host take them, in the DMA order of ``direction``."""
+    gpu, host, size = table.page_copies(job, Direction.parse(direction, "direction").native)
     return TransferPlan(gpu, host, size, int(size.sum()))
