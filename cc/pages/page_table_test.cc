@@ -419,6 +419,7 @@ void TestDmaIsThePagesMerged(std::mt19937_64& rng) {
     for (size_t k = 1; k < segments.size(); k += 3) {
       breaks.push_back(segments[k].host + (segments[k].pages > 1 ? layout.refs()[segments[k].ref].page_bytes : 0));
     }
+    std::sort(breaks.begin(), breaks.end());
     layout.set_host_breaks(breaks);
     PageDma dma;
     BuildPageDma(layout, c.block_ids.data(), segments, trial % 4 < 2 ? Direction::kStore : Direction::kLoad, dma);
