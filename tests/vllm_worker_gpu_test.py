@@ -17,7 +17,7 @@ from kvoffload import _C
 from kvoffload.vllm import KVOffloadWorker
 from calibrated import quick_calibration  # noqa: F401 - autouse
 
-SLEEP_CYCLES = 2_000_000  # about 1 ms of GPU time queued before each write
+SLEEP_CYCLES = 50_000_000  # about 25 ms of GPU time queued before each write
 
 
 @pytest.mark.parametrize("method", ["pages", "pages_staged", "pages_dma", "auto", "batch", "kernel"])
@@ -45,10 +45,11 @@ def test_a_store_sees_what_the_compute_stream_wrote_and_times_are_gpu_times():
         started = time.perf_counter()
         assert worker.submit_store(2 * trial, GPULoadStoreSpec(ids.tolist(), [4], [0]),
                                    CPULoadStoreSpec(chunks.tolist()))
-        assert time.perf_counter() - started < 0.2, "submit_store waited for the GPU"
+        assert not torch.cuda.current_stream().query(), "submit_store waited for the GPU"
         # vLLM leaves blocks being stored alone until the store is reported done.
         stored = finish(worker, {2 * trial}, started)[2 * trial]
-        assert stored.transfer_time < 0.5e-3, "a store's time must not include the compute stream's"
+        # Well under the sleep, with room for other processes' time slices on a shared GPU.
+        assert stored.transfer_time < 5e-3, "a store's time must not include the compute stream's"
         cache.poison(0, ids)
         assert worker.submit_load(2 * trial + 1, CPULoadStoreSpec(chunks.tolist()),
                                   GPULoadStoreSpec(ids.tolist(), [4], [0]), expedited=True)
