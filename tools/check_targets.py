@@ -4,8 +4,8 @@ entry per run, layout and direction, and says by how much each target is missed.
   python3 tools/check_targets.py --results=bench/results/<file>.json [--where=wheel=abc1234]
 
 A run is one process's rows of a layout (and wheel, where rows name it; a kvoffload
-row's host layout is its handler's, so it does not split a run): the default's row (method "pages", else the forced path the default chose) is
-judged against the bulk copies and vLLM's worker of the same run. Beside the prefill
+row's host layout is its handler's, so it does not split a run): the default's row
+(method "pages", else the forced path the default chose) is judged against the bulk copies and vLLM's worker of the same run. Beside the prefill
 loop (workload "model") the 64 KiB slowdown target is the step slowdown itself, as the
 targets give it (vLLM's worker's cost there); beside another loop, and at 4-16 KiB, it is
 over bulk copies' slowdown. A run with a window over the noise target gets no slowdown
