@@ -1,6 +1,8 @@
 """kvoffload.auto on a GPU: the calibration file, and auto copies byte for byte."""
 
+import itertools
 import json
+import math
 
 import numpy as np
 import pytest
@@ -33,7 +35,9 @@ def test_calibration_is_measured_on_its_device_once_cached_and_keyed(tmp_path, m
     assert set(entry["beside"]) == set(entry["slowdown"]) == {f"{m} {d}" for m in copy_methods.CANDIDATES
                                                               for d in ("h2d", "d2h")}
     assert all(len(v) == len(calibration.BESIDE_SIZES) and min(v) > 0 for v in entry["beside"].values())
-    assert set(entry["bulk_slowdown"]) == {"h2d", "d2h"} and all(abs(v) < 1 for v in entry["bulk_slowdown"].values())
+    # Fractions of a step, so above -1; no upper bound holds on a GPU the suite's workers share.
+    assert set(entry["bulk_slowdown"]) == {"h2d", "d2h"} and all(-1 < v < math.inf for v in entry["bulk_slowdown"].values())
+    assert all(-1 < v < math.inf for v in itertools.chain(*entry["slowdown"].values()) if v is not None)
     monkeypatch.setattr(calibration, "_cached", {})
     monkeypatch.setattr(calibration, "measure", lambda d: pytest.fail("measured again"))
     assert calibration.calibration(device) == cal
