@@ -36,7 +36,8 @@ def test_calibration_is_measured_on_its_device_once_cached_and_keyed(tmp_path, m
                                                               for d in ("h2d", "d2h")}
     assert all(len(v) == len(calibration.BESIDE_SIZES) and min(v) > 0 for v in entry["beside"].values())
     # Fractions of a step, so above -1; no upper bound holds on a GPU the suite's workers share.
-    assert set(entry["bulk_slowdown"]) == {"h2d", "d2h"} and all(-1 < v < math.inf for v in entry["bulk_slowdown"].values())
+    assert set(entry["bulk_slowdown"]) == {"h2d", "d2h"}
+    assert all(-1 < v < math.inf for v in entry["bulk_slowdown"].values())
     assert all(-1 < v < math.inf for v in itertools.chain(*entry["slowdown"].values()) if v is not None)
     monkeypatch.setattr(calibration, "_cached", {})
     monkeypatch.setattr(calibration, "measure", lambda d: pytest.fail("measured again"))

@@ -5,10 +5,11 @@ entry per run, layout and direction, and says by how much each target is missed.
 
 A run is one process's rows of a layout (and wheel, where rows name it; a kvoffload
 row's host layout is its handler's, so it does not split a run): the default's row
-(method "pages", else the forced path the default chose) is judged against the bulk copies and vLLM's worker of the same run. Beside the prefill
-loop (workload "model") the 64 KiB slowdown target is the step slowdown itself, as the
-targets give it (vLLM's worker's cost there); beside another loop, and at 4-16 KiB, it is
-over bulk copies' slowdown. A run with a window over the noise target gets no slowdown
+(method "pages", else the forced path the default chose) is judged against the bulk
+copies and vLLM's worker of the same run. Beside the prefill loop (workload "model") the
+64 KiB slowdown target is the step slowdown itself, as the targets give it (vLLM's
+worker's cost there); beside another loop, and at 4-16 KiB, it is over bulk copies'
+slowdown. A run with a window over the noise target gets no slowdown
 verdict. Both ways at once must reach BOTH_PROCESSES GB/s alone in every one of at least
 BOTH_RUNS processes, at 8 and at 32 hardware queues among them, each after BOTH_DROPPED
 handlers were made and dropped.
