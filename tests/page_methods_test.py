@@ -68,3 +68,26 @@ def test_a_page_method_object_names_its_bad_options():
     assert page_methods.Pages.named("pages") == page_methods.Pages()
     with pytest.raises(ValueError, match="method: expected one of"):
         page_methods.Pages.named("kernel")
+
+
+def test_layers_of_one_allocation_are_rows_and_small_pages_then_go_by_dma():
+    import torch
+
+    layers, blocks, page = 6, 10, 4096
+    backing = torch.randint(0, 100, (layers * blocks * page,), dtype=torch.uint8)
+    one = [backing[i * blocks * page:(i + 1) * blocks * page].view(blocks, page) for i in range(layers)]
+    assert page_methods.rows_why_not(one, [page] * layers) is None
+    # Every other layer (a hybrid model's group) is still a constant distance apart.
+    assert page_methods.rows_why_not(one[::2], [page] * 3) is None
+    assert page_methods.rows_why_not(one[:1], [page]) == "one tensor"
+    assert page_methods.rows_why_not([one[0], one[2], one[3]], [page] * 3) == \
+        "tensors are not a constant distance apart"
+    assert page_methods.rows_why_not(one[:2], [page, page // 2]) == "tensors differ in page size or stride"
+    apart = [torch.zeros(blocks, page, dtype=torch.uint8) for _ in range(3)]
+    assert page_methods.rows_why_not(apart, [page] * 3) == "the tensors are separate allocations"
+    # Rows, never SMs, for small pages by default; without the batch copy, the ring.
+    small = [[page] * layers]
+    assert page_methods.choose(page_methods.Pages(), small, rows=True) == {d: PagePath.DMA for d in Direction}
+    assert page_methods.choose(page_methods.Pages(), small, rows=False) == {d: PagePath.STAGED for d in Direction}
+    assert page_methods.choose(page_methods.Pages(), small, batch_copy=False, rows=True) == \
+        {d: PagePath.STAGED for d in Direction}

@@ -31,6 +31,7 @@ mkdir -p gpu_bundle/tests gpu_bundle/bench/results gpu_bundle/tools
 install -m 644 "$wheel" gpu_bundle/
 cp tests/*.py gpu_bundle/tests/
 cp tools/check_targets.py gpu_bundle/tests/  # what check_targets_test imports
+cp bench/vllm_caches.py gpu_bundle/tests/     # what the tests on vLLM's own caches import
 # wheel_test needs Bazel (the bundle's suite runs on the wheel itself); vllm_engine_test
 # runs vLLM's CPU build from setup.sh's virtual environment, a CPU machine's test.
 rm gpu_bundle/tests/wheel_test.py gpu_bundle/tests/vllm_engine_test.py gpu_bundle/tests/vllm_engine_run.py

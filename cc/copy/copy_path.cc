@@ -14,6 +14,8 @@ CopyPath PathFor(PathReason reason) {
       return CopyPath::kKernel;
     case PathReason::kStagedRequested:
       return CopyPath::kStaged;
+    case PathReason::kStridedRows:
+      return CopyPath::kRows;
     default:
       return CopyPath::kPerCopy;
   }
@@ -33,6 +35,8 @@ const char* PathName(CopyPath path) {
       return "kernel";
     case CopyPath::kStaged:
       return "staged";
+    case CopyPath::kRows:
+      return "rows";
   }
   return "unknown";
 }
@@ -57,6 +61,8 @@ const char* ReasonText(PathReason reason) {
       return "copy kernel requested";
     case PathReason::kStagedRequested:
       return "staged copy requested";
+    case PathReason::kStridedRows:
+      return "2D copies of tensors a constant stride apart in one allocation";
   }
   return "unknown";
 }

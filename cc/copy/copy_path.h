@@ -12,6 +12,7 @@ enum class CopyPath : uint8_t {
   kHost,     // memcpy on the host
   kKernel,   // an SM copy kernel
   kStaged,   // DMA of large host runs through a device staging ring, plus a kernel
+  kRows,     // cudaMemcpy2DAsync, a row per tensor
 };
 
 // Why a batch took its path. Every per-copy reason is named; there is no silent fallback.
@@ -25,6 +26,7 @@ enum class PathReason : uint8_t {
   kHostToHost,
   kKernelRequested,  // the caller chose the copy kernel
   kStagedRequested,  // the caller chose the staged copy
+  kStridedRows,      // 2D copies, a row per tensor of one allocation (cc/pages/row_copies.h)
 };
 
 CopyPath PathFor(PathReason reason);

@@ -14,7 +14,7 @@
 namespace kvoffload {
 namespace {
 
-constexpr int kReasons = 9;  // PathReason's values, kEmptyBatch to kStagedRequested
+constexpr int kReasons = 10;  // PathReason's values, kEmptyBatch to kStridedRows
 
 // The order the choice is documented in: the caller's request, then the stream, then
 // the driver.
@@ -61,6 +61,7 @@ void TestPathsAndNames() {
       {PathReason::kHostToHost, "host", "host-to-host copy"},
       {PathReason::kKernelRequested, "kernel", "copy kernel requested"},
       {PathReason::kStagedRequested, "staged", "staged copy requested"},
+      {PathReason::kStridedRows, "rows", "2D copies of tensors a constant stride apart in one allocation"},
   };
   std::set<std::string> texts;
   for (int r = 0; r < kReasons; ++r) {
@@ -72,7 +73,7 @@ void TestPathsAndNames() {
   EXPECT(texts.size() == kReasons);
   // Values past the enums name themselves "unknown" rather than another path.
   EXPECT(std::strcmp(ReasonText(static_cast<PathReason>(kReasons)), "unknown") == 0);
-  EXPECT(std::strcmp(PathName(static_cast<CopyPath>(6)), "unknown") == 0);
+  EXPECT(std::strcmp(PathName(static_cast<CopyPath>(7)), "unknown") == 0);
   EXPECT(std::strcmp(PathName(CopyPath::kStaged), "staged") == 0);
 }
 

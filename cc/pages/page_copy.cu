@@ -123,24 +123,106 @@ void StagedPageCopy(const DevicePageTable& table, const PageJob& job, Direction 
   });
 }
 
-CopyResult DmaPageCopy(const PageLayout& layout, const PageJob& job, Direction direction,
+// The strided groups' row copies, one cudaMemcpy2DAsync each; returns the calls.
+int64_t EnqueueRows(const DevicePageTable& table, const RowCopies& copies, Direction direction,
+                    cudaStream_t stream) {
+  for (size_t i = 0; i < copies.gpu.size(); ++i) {
+    const GroupRows& r = table.rows()[copies.group[i]];
+    const bool store = direction == Direction::kStore;
+    const int64_t src = store ? copies.gpu[i] : copies.host[i];
+    const int64_t dst = store ? copies.host[i] : copies.gpu[i];
+    CheckCuda(cudaMemcpy2DAsync(reinterpret_cast<void*>(dst), store ? r.host_pitch : r.gpu_pitch,
+                                reinterpret_cast<const void*>(src), store ? r.gpu_pitch : r.host_pitch,
+                                copies.width[i], r.rows, cudaMemcpyDefault, stream),
+              "cudaMemcpy2DAsync", static_cast<int64_t>(i));
+  }
+  return static_cast<int64_t>(copies.gpu.size());
+}
+
+bool AnyStrided(const DevicePageTable& table) {
+  for (const GroupRows& r : table.rows()) {
+    if (r.strided) return true;
+  }
+  return false;
+}
+
+// Row copies read in stream order whatever src_order says: stricter than kAny, so never
+// wrong.
+CopyResult DmaPageCopy(const DevicePageTable& table, const PageJob& job, Direction direction,
                        const std::vector<Segment>& segments, cudaStream_t stream, int64_t bytes,
-                       SrcAccessOrder src_order) {
-  thread_local PageDma dma;
+                       const PageCopyOptions& options) {
+  const PageLayout& layout = table.layout();
+  thread_local PageDma dma, row_pages;
+  thread_local RowCopies rows;
+  thread_local std::vector<Segment> rest;
   thread_local std::vector<uint8_t> order;
-  BuildPageDma(layout, job.block_ids, segments, direction, dma);
+  const bool strided = options.strided && AnyStrided(table);
+  if (strided) {
+    row_pages = PageDma{};
+    BuildRowCopies(layout, table.rows(), job.block_ids, segments, direction, rows, row_pages, rest);
+    BuildPageDma(layout, job.block_ids, rest, direction, dma);
+    dma.gpu.insert(dma.gpu.end(), row_pages.gpu.begin(), row_pages.gpu.end());
+    dma.host.insert(dma.host.end(), row_pages.host.begin(), row_pages.host.end());
+    dma.size.insert(dma.size.end(), row_pages.size.begin(), row_pages.size.end());
+  } else {
+    BuildPageDma(layout, job.block_ids, segments, direction, dma);
+  }
   CopyBatch batch;
   HostOf(direction, batch.src, batch.dst) = dma.host.data();
   DeviceOf(direction, batch.src, batch.dst) = dma.gpu.data();
   batch.size = dma.size.data();
   batch.count = static_cast<int64_t>(dma.size.size());
-  if (src_order != SrcAccessOrder::kStream) {
-    order.assign(dma.size.size(), static_cast<uint8_t>(src_order));
+  if (options.src_order != SrcAccessOrder::kStream) {
+    order.assign(dma.size.size(), static_cast<uint8_t>(options.src_order));
     batch.order = order.data();
   }
   CopyResult result = BatchCopy(batch, stream);
+  if (strided) {
+    result.driver_calls += EnqueueRows(table, rows, direction, stream);
+    result.copies += static_cast<int64_t>(rows.gpu.size());
+    if (batch.count == 0) result.reason = PathReason::kStridedRows;
+  }
   result.bytes = bytes;
   return result;
+}
+
+// Whether each group's tensors are rows of one copy: by their addresses, then by the
+// driver's word that every row lies in one GPU allocation and, where it knows the host
+// memory's range, one host allocation.
+std::vector<GroupRows> RowsOf(const PageLayout& layout, int device) {
+  int max_pitch = 0;
+  CheckCuda(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, device),
+            "cudaDeviceGetAttribute(cudaDevAttrMaxPitch)");
+  std::vector<GroupRows> rows;
+  for (int64_t g = 0; g < layout.groups(); ++g) {
+    GroupRows r = GroupRowsOf(layout, g);
+    const int64_t first = layout.first_ref(g), last = layout.end_ref(g) - 1;
+    if (r.strided && std::max(r.gpu_pitch, r.host_pitch) > max_pitch) {
+      r.strided = false;
+      r.why_not = "a pitch of " + std::to_string(std::max(r.gpu_pitch, r.host_pitch)) +
+                  " bytes exceeds the device's maximum, " + std::to_string(max_pitch);
+    }
+    if (r.strided && layout.gpu_blocks(g) > 0) {
+      const int64_t begin = layout.refs()[first].gpu_base;
+      const int64_t end = layout.refs()[last].gpu_base + layout.gpu_span(last);
+      const PointerAttributes a = AskDriver(begin);
+      if (a.range_size <= 0 || a.range_start > begin || a.range_start + a.range_size < end) {
+        r.strided = false;
+        r.why_not = "the GPU tensors are not one allocation";
+      }
+    }
+    if (r.strided && layout.cpu_chunks(g) > 0) {
+      const int64_t begin = layout.refs()[first].cpu_base;
+      const int64_t end = layout.refs()[last].cpu_base + layout.cpu_span(last);
+      const PointerAttributes a = AskDriver(begin);
+      if (a.range_size > 0 && (a.range_start > begin || a.range_start + a.range_size < end)) {
+        r.strided = false;
+        r.why_not = "the host tensors are not one allocation";
+      }
+    }
+    rows.push_back(std::move(r));
+  }
+  return rows;
 }
 
 }  // namespace
@@ -165,6 +247,7 @@ DevicePageTable::DevicePageTable(PageLayout layout, int device)
                    Reach::kDevice, "gpu_base");
   RequireReachable(cpu.data(), cpu_span.data(), static_cast<int64_t>(cpu.size()), device,
                    Reach::kPinnedHost, "cpu_base");
+  rows_ = RowsOf(layout_, device);
   DeviceGuard guard(device);
   const size_t bytes = std::max<size_t>(1, layout_.refs().size()) * sizeof(TensorRef);
   cudaError_t status = cudaMalloc(&refs_, bytes);
@@ -239,7 +322,7 @@ CopyResult PageCopy(const DevicePageTable& table, const PageJob& job, Direction 
                                 std::to_string(table.device()));
   }
   if (options.path == PagePath::kDma) {
-    return DmaPageCopy(table.layout(), job, direction, segments, stream, result.bytes, options.src_order);
+    return DmaPageCopy(table, job, direction, segments, stream, result.bytes, options);
   }
   if (options.path == PagePath::kStaged) {
     StagedPageCopy(table, job, direction, segments, units, guard.device(), stream, options, result);

@@ -9,6 +9,7 @@
 #include "cc/copy/copy_path.h"
 #include "cc/copy/direction.h"
 #include "cc/pages/page_table.h"
+#include "cc/pages/row_copies.h"
 
 namespace kvoffload {
 
@@ -24,9 +25,13 @@ class DevicePageTable {
   const PageLayout& layout() const { return layout_; }
   int device() const { return device_; }
   const TensorRef* device_refs() const { return refs_; }
+  // Per group: whether its tensors are rows of one copy (GroupRowsOf), and on the GPU
+  // side lie in one allocation (a 2D copy may not span two).
+  const std::vector<GroupRows>& rows() const { return rows_; }
 
  private:
   PageLayout layout_;
+  std::vector<GroupRows> rows_;
   int device_;
   TensorRef* refs_ = nullptr;
 };
@@ -39,7 +44,8 @@ enum class PagePath : uint8_t {
   // A kernel reads or writes the page-locked host memory itself.
   kKernel,
   // Every page (pages that follow each other merged) by cuMemcpyBatchAsync: no SM work,
-  // host work per page (BuildPageDma).
+  // host work per page (BuildPageDma). With `strided`, groups whose tensors are rows
+  // of one allocation move a block, or a run of blocks, per 2D copy (BuildRowCopies).
   kDma,
 };
 
@@ -56,6 +62,8 @@ struct PageCopyOptions {
   // unfinished (the driver may then read it before the stream's earlier work is done).
   // The other paths read in stream order.
   SrcAccessOrder src_order = SrcAccessOrder::kStream;
+  // The DMA path moves strided groups by 2D copies (DevicePageTable::rows).
+  bool strided = true;
 };
 
 inline constexpr int kMaxRings = 4;  // each ring holds slots x slot_bytes of device memory

@@ -284,7 +284,7 @@ class OffloadHandler:
             raise ValueError(f"cpu_layout: {cpu_layout!r} cannot be given with cpu_places, which place the chunks")
         pages = tensor_pages(gpu_tensors, page_bytes)
         method = method_object(method)
-        choice = page_choice(method, device, pages)
+        choice = page_choice(method, device, pages, gpu_tensors)
         if cpu_layout is None and cpu_places is None:
             own_pool = host_buffer is None and (host_pool is None or not (host_pool.shm_name or host_pool.background))
             cpu_layout = cpu_layout_for(choice, own_pool)
@@ -548,6 +548,13 @@ class OffloadHandler:
     def methods(self) -> dict[str, str]:
         """The method each direction's jobs take, by direction ("store", "load")."""
         return self._jobs.methods
+
+    @property
+    def method_reasons(self) -> dict[str, str]:
+        """Why each direction's jobs take their method, and for DMA which groups go as 2D
+        copies, a row per tensor, and why the others do not."""
+        return getattr(self._jobs, "reasons", {d: "no GPU: host threads" if self._jobs.methods[d] == "host"
+                                               else "the handler's method" for d in self._jobs.methods})
 
     @property
     def descriptor_arrays_allocated(self) -> int:

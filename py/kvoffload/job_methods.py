@@ -58,7 +58,7 @@ def job_method(method: Pages | Auto | CopyMethod, device, layout, table, pool, r
     if isinstance(method, Pages):
         if choice is None:
             raise ValueError("choice: a page method on a GPU runs the paths of its page_choice, got None")
-        return PageJobs(method, layout, table, registry, choice)
+        return PageJobs(method, layout, table, registry, choice, device.index)
     if isinstance(method, Auto):
         calibration.calibration(device.index)
     return PlannedJobs(method, table, pool, MemoryKind.DEVICE)
@@ -73,20 +73,23 @@ class PageChoice:
     paths: dict[Direction, PagePath]
     batch_copy: bool
     cal: object = None
+    rows: tuple = ()  # per group: None, or why its tensors are not rows of one allocation
 
     @classmethod
-    def of(cls, method: Pages, pages, batch_copy: bool, cal=None) -> PageChoice:
-        return cls(page_methods.choose(method, pages, batch_copy, cal), batch_copy, cal)
+    def of(cls, method: Pages, pages, batch_copy: bool, cal=None, rows=()) -> PageChoice:
+        every = bool(rows) and all(r is None for r in rows)
+        return cls(page_methods.choose(method, pages, batch_copy, cal, every), batch_copy, cal, tuple(rows))
 
 
-def page_choice(method: Pages | Auto | CopyMethod, device, pages) -> PageChoice | None:
-    """The paths of a page method on ``device`` over tensors of ``pages[g][t]`` page bytes;
-    None for other methods and without a GPU. The pool's default layout and the page jobs
-    both follow it."""
+def page_choice(method: Pages | Auto | CopyMethod, device, pages, gpu_tensors=()) -> PageChoice | None:
+    """The paths of a page method on ``device`` over tensors of ``pages[g][t]`` page bytes
+    (``gpu_tensors``, [group][tensor]); None for other methods and without a GPU. The
+    pool's default layout and the page jobs both follow it."""
     if device.type != "cuda" or not isinstance(method, Pages):
         return None
     cal = page_calibration.page_calibration(device.index) if method.max_slowdown is not None else None
-    choice = PageChoice.of(method, pages, batch_entry_point_version() > 0, cal)
+    rows = [page_methods.rows_why_not(g, p) for g, p in zip(gpu_tensors, pages) if g]
+    choice = PageChoice.of(method, pages, batch_entry_point_version() > 0, cal, rows)
     if method.slots_in_l2 and PagePath.STAGED in choice.paths.values():
         _C.require_fits_l2(device.index, method.slot_bytes, method.slots)
     return choice
@@ -122,7 +125,7 @@ class PageJobs:
     resolves_on_lane = True
     descriptor_arrays_allocated = 0
 
-    def __init__(self, method: Pages, layout, table, registry, choice: PageChoice):
+    def __init__(self, method: Pages, layout, table, registry, choice: PageChoice, device: int | None = None):
         self._layout, self._table = layout, table
         self._ring = dict(max_ctas=method.ctas, slot_bytes=method.slot_bytes, slots=method.slots,
                           slots_in_l2=method.slots_in_l2)
@@ -144,8 +147,20 @@ class PageJobs:
                 logger.warning("kvoffload: the page calibration's %s figures near %.0f page bytes were "
                                "noisy; measure again with python -m kvoffload.page_calibration "
                                "--recalibrate", d.value, page)
-        why = ("built-in choice" if cal is None else
-               page_calibration.why(cal, self.paths[Direction.STORE], page, method.max_slowdown, choice.batch_copy))
+        if cal is not None:
+            why = page_calibration.why(cal, self.paths[Direction.STORE], page, method.max_slowdown, choice.batch_copy)
+        elif method.path is None and choice.rows and all(r is None for r in choice.rows) and choice.batch_copy:
+            why = "built-in choice: every group's tensors are rows of one allocation"
+        else:
+            why = "built-in choice"
+        rows = table.rows(device) if device is not None and PagePath.DMA in self.paths.values() else []
+        strided = [g for g, r in enumerate(rows) if r[0]]
+        if rows and strided:
+            why += f"; DMA by 2D copies, a row per tensor, for group{'s' * (len(strided) > 1)} {strided}"
+        per_page = [f"group {g}: {r[1]}" for g, r in enumerate(rows) if not r[0] and r[2] > 0]
+        if per_page:
+            why += "; DMA per page for " + ", ".join(per_page)
+        self.reasons = {d.value: why for d in self.paths}
         logger.info("kvoffload: %s page bytes on average: stores by %s, loads by %s (%s)", f"{page:.0f}",
                     page_methods.name(self.paths[Direction.STORE]), page_methods.name(self.paths[Direction.LOAD]), why)
 

@@ -160,6 +160,14 @@ class PyPageTable {
                           ToNumpy(std::move(copies.size)));
   }
 
+  nb::list Rows(int device) {
+    nb::list out;
+    for (const GroupRows& r : OnDevice(device).rows()) {
+      out.append(nb::make_tuple(r.strided, r.why_not, r.rows, r.gpu_pitch, r.host_pitch));
+    }
+    return out;
+  }
+
   // `checked`: ids that prepare checked (the job's own snapshot).
   CopyResult Copy(const JobIds& ids, Direction direction, nb::handle stream_obj,
                   const PageCopyOptions& options, bool checked = false) {
@@ -231,7 +239,9 @@ void BindPages(nb::module_& m) {
   nb::enum_<PagePath>(m, "PagePath", "How a page job crosses the link (cc/pages/page_copy.h).")
       .value("STAGED", PagePath::kStaged, "DMA through a staging ring, a kernel on the HBM side")
       .value("KERNEL", PagePath::kKernel, "a kernel that reaches the pool itself")
-      .value("DMA", PagePath::kDma, "cuMemcpyBatchAsync per page, no SM work");
+      .value("DMA", PagePath::kDma,
+             "cuMemcpyBatchAsync per page, or a 2D copy per block across tensors of one allocation; "
+             "no SM work");
   nb::class_<PyPageTable>(m, "PageTable",
                           "Every KV-cache group's tensors and the CPU pool, for jobs named by ids.")
       .def(nb::init<const Int64Tensor<2>&, const Int64Tensor<1>&, const Int64Tensor<1>&,
@@ -288,30 +298,38 @@ void BindPages(nb::module_& m) {
           "copy",
           [](PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i, Direction direction,
              nb::handle stream, PagePath path, int max_ctas, int64_t slot_bytes, int slots, int ring,
-             SrcAccessOrder src_order, bool slots_in_l2) {
+             SrcAccessOrder src_order, bool slots_in_l2, bool strided) {
             return t.Copy(JobIds(b, c, g, i), direction, stream,
-                          PageCopyOptions{path, max_ctas, slot_bytes, slots, slots_in_l2, ring, src_order});
+                          PageCopyOptions{path, max_ctas, slot_bytes, slots, slots_in_l2, ring, src_order,
+                                          strided});
           },
           nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
           nb::arg("block_indices"), nb::arg("direction"), nb::arg("stream").none(),
           nb::arg("path") = kPageDefaults.path, nb::arg("max_ctas") = kPageDefaults.max_ctas,
           nb::arg("slot_bytes") = kPageDefaults.slot_bytes, nb::arg("slots") = kPageDefaults.slots,
           nb::arg("ring") = 0, nb::arg("src_order") = kPageDefaults.src_order,
-          nb::arg("slots_in_l2") = kPageDefaults.slots_in_l2)
+          nb::arg("slots_in_l2") = kPageDefaults.slots_in_l2, nb::arg("strided") = kPageDefaults.strided)
       .def(
           "copy_job",
           [](PyPageTable& t, const PreparedJob& job, Direction direction, nb::handle stream, PagePath path,
              int max_ctas, int64_t slot_bytes, int slots, int ring, SrcAccessOrder src_order,
-             bool slots_in_l2) {
+             bool slots_in_l2, bool strided) {
             t.RequireOwn(job);
             return t.Copy(job.ids, direction, stream,
-                          PageCopyOptions{path, max_ctas, slot_bytes, slots, slots_in_l2, ring, src_order},
+                          PageCopyOptions{path, max_ctas, slot_bytes, slots, slots_in_l2, ring, src_order,
+                                          strided},
                           /*checked=*/true);
           },
           nb::arg("job"), nb::arg("direction"), nb::arg("stream").none(), nb::arg("path") = kPageDefaults.path,
           nb::arg("max_ctas") = kPageDefaults.max_ctas, nb::arg("slot_bytes") = kPageDefaults.slot_bytes,
           nb::arg("slots") = kPageDefaults.slots, nb::arg("ring") = 0,
-          nb::arg("src_order") = kPageDefaults.src_order, nb::arg("slots_in_l2") = kPageDefaults.slots_in_l2);
+          nb::arg("src_order") = kPageDefaults.src_order, nb::arg("slots_in_l2") = kPageDefaults.slots_in_l2,
+          nb::arg("strided") = kPageDefaults.strided)
+      .def(
+          "rows",
+          [](PyPageTable& t, int device) { return t.Rows(device); }, nb::arg("device"),
+          "Per group, (strided, why_not, rows, gpu_pitch, host_pitch): whether the DMA path moves "
+          "its blocks as 2D copies, a row per tensor, on `device` (cc/pages/row_copies.h).");
   nb::class_<PreparedJob>(m, "PreparedJob", "A job's ids, copied and checked by PageTable.prepare.")
       .def(
           "ids",

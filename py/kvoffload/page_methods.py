@@ -3,10 +3,13 @@
 A copy engine moves a large page at the link's rate without an SM, so beside a model it
 costs what any DMA costs; small pages leave the driver's per-copy time in charge, and
 there the staging ring (one DMA per host run, a kernel on the HBM side) is the fast
-path. By default ``choose`` takes DMA where the mean page is at least
-``DMA_FROM_PAGE_BYTES`` for that direction (measured beside the model loop on the H200:
-bench/results/README.md, the method-per-layout runs). Given a ``max_slowdown``, it
-chooses from this device's page calibration instead (kvoffload.page_calibration).
+path. But where every group's tensors are rows of one allocation (vLLM's own cache,
+``LBHNC``: a layer's pages a constant stride apart), one 2D DMA moves a block across all
+of them, at a DMA's cost to the model. By default ``choose`` takes DMA there, and where
+the mean page is at least ``DMA_FROM_PAGE_BYTES`` for that direction (measured beside the
+model loop: bench/results/README.md, the method-per-layout and vLLM-cache runs); else
+the ring. Given a ``max_slowdown``, it chooses from this device's page calibration
+instead (kvoffload.page_calibration), whose ring moves small pages fastest.
 """
 
 from __future__ import annotations
@@ -87,11 +90,32 @@ class Pages:
         return "pages" if self.path is None else name(self.path)
 
 
-def choose(method: Pages, pages, batch_copy: bool = True, cal=None) -> dict[Direction, PagePath]:
+def rows_why_not(group, pages) -> str | None:
+    """None where one group's GPU tensors (with ``pages[t]`` page bytes) can be the rows of
+    one 2D copy a block: two or more views of one storage with one page size and one
+    block stride, their starts a constant distance apart of at least a page; else why not.
+    The page table asks the driver again, with the host side (DevicePageTable::rows)."""
+    if len(group) < 2:
+        return "one tensor"
+    if len({t.untyped_storage().data_ptr() for t in group}) > 1:
+        return "the tensors are separate allocations"
+    strides = {t.stride(0) * t.element_size() for t in group}
+    if len(set(pages)) > 1 or len(strides) > 1:
+        return "tensors differ in page size or stride"
+    starts = [t.data_ptr() for t in group]
+    pitch = starts[1] - starts[0]
+    if pitch < pages[0] or any(b - a != pitch for a, b in zip(starts, starts[1:])):
+        return "tensors are not a constant distance apart"
+    return None
+
+
+def choose(method: Pages, pages, batch_copy: bool = True, cal=None,
+           rows: bool = False) -> dict[Direction, PagePath]:
     """Each direction's path for a page method on tensors of ``pages[g][t]`` page bytes.
     batch_copy: whether the driver has cuMemcpyBatchAsync; without it DMA goes one driver
     call a page, and "pages" keeps to the ring. cal: the device's PageCalibration, for a
-    method with a max_slowdown."""
+    method with a max_slowdown. rows: every group's tensors are rows of one allocation
+    (rows_why_not)."""
     if method.path is not None:
         return {d: method.path for d in Direction}
     page = mean_page_bytes(pages)
@@ -102,7 +126,7 @@ def choose(method: Pages, pages, batch_copy: bool = True, cal=None) -> dict[Dire
             raise ValueError("cal: a page method with a max_slowdown chooses from a page calibration, got None")
         path = page_calibration.choose(cal, page, method.max_slowdown, batch_copy)
         return {d: path for d in Direction}
-    return {d: PagePath.DMA if batch_copy and page >= DMA_FROM_PAGE_BYTES[d] else PagePath.STAGED
+    return {d: PagePath.DMA if batch_copy and (rows or page >= DMA_FROM_PAGE_BYTES[d]) else PagePath.STAGED
             for d in Direction}
 
 
