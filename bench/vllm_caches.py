@@ -123,7 +123,7 @@ def pool_jobs(rng, num_gpu_blocks: int, num_chunks: int, blocks_per_job: int, co
               warm_requests: int = 400):
     """``count`` jobs of ``blocks_per_job`` blocks a group as a running engine hands them
     out: (GPU ids, CPU chunk ids) per job. Requests of 1-64 blocks arrive while the pool
-    has room and finish at random (their blocks freed tail first, as vLLM frees them);
+    has room (up to a quarter of it) and finish at random (their blocks freed tail first, as vLLM frees them);
     after ``warm_requests`` of them a job is the blocks of a newly admitted request
     (topped up from the next ones), its chunks those the CPU manager gives a store of as
     many new keys. Groups draw their ids from one pool, as vLLM's do."""
@@ -137,9 +137,12 @@ def pool_jobs(rng, num_gpu_blocks: int, num_chunks: int, blocks_per_job: int, co
     live, jobs, key, admitted, pending = [], [], 0, 0, []
     need = blocks_per_job * groups
     while len(jobs) < count:
-        size = int(rng.integers(1, 65))
+        size = int(rng.integers(1, min(64, num_gpu_blocks // 4) + 1))
         while live and (pool.get_num_free_blocks() < size + 1 or rng.random() < 0.3):
-            pool.free_blocks(reversed(live.pop(int(rng.integers(len(live))))))
+            done = live.pop(int(rng.integers(len(live))))
+            pool.free_blocks(reversed(done))
+            freed = {b.block_id for b in done}
+            pending = [i for i in pending if i not in freed]  # a finished request stores nothing more
         blocks = pool.get_new_blocks(size)
         live.append(blocks)
         admitted += 1

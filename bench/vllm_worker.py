@@ -1,18 +1,23 @@
-"""kvoffload's vLLM worker against vLLM 0.33's own CPUOffloadingWorker, on the same
-caches, alone and beside a model (kvoffload.meter), with bulk copies as the reference.
+"""kvoffload's vLLM worker against vLLM 0.33's own CPUOffloadingWorker, on the caches vLLM
+itself allocates, alone and beside a model (kvoffload.meter), with bulk copies as the
+reference.
 
   bazel run //bench:vllm_worker -- --out=bench/results/vllm_worker_<gpu>.json
 
-Per layout (vLLM's CanonicalKVCaches, blocks_per_chunk 1), every source is kept in
-flight, two jobs per direction: bulk copies, vLLM's worker (bench/vllm_peer.py), and
-kvoffload's worker with each page path forced (pages_staged, pages_dma), and ``region``:
-kvoffload's worker with its default path on vLLM's SharedOffloadRegion as its pool (as
-KVOffloadTieringSpec makes it). ``chosen`` is the path kvoffload's default ("pages")
-takes for that layout and direction. Without a GPU it
-runs kvoffload's host path on a small cache and says so.
+Per model (bench/vllm_caches.py), KV layout (vLLM's one allocation as LBHNC, BLHNC or
+LBNHC, or per_layer as vLLM made it before 0.32) and kind of block ids (uniform random,
+or vllm_pool: from vLLM's BlockPool and CPU manager under a trace of requests), every
+source is kept in flight, two jobs per direction: bulk copies, vLLM's worker
+(bench/vllm_peer.py), kvoffload's worker with each page path forced (pages_staged,
+pages_dma, pages_dma_per_page: DMA without 2D copies), and ``region``: kvoffload's worker
+with its default path on vLLM's SharedOffloadRegion as its pool (as KVOffloadTieringSpec
+makes it). ``chosen`` is the path kvoffload's default ("pages") takes there; ``path``
+what moved the bytes. Without a GPU it runs kvoffload's host path on a small cache and
+says so.
 """
 
 import datetime
+import itertools
 import json
 import os
 import re
@@ -20,14 +25,18 @@ import re
 import numpy as np
 from absl import app, flags
 
+import vllm_caches
 import vllm_peer
 from kvoffload import compute_loop, meter, page_methods, pool_layout
 from kvoffload.steady_copies import DIRECTIONS, BulkCopies, WorkerCopies
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("layouts", ["llama8b-64k", "tp8-8k", "4k", "16k", "hybrid"], "Layouts to measure.")
+flags.DEFINE_list("layouts", ["tp8-8k", "4k", "llama8b-64k"], "Models to measure (vllm_caches.MODELS).")
+flags.DEFINE_list("kv_layouts", ["LBHNC", "BLHNC"], "vLLM's KV layouts (vllm_caches.KV_LAYOUTS).")
+flags.DEFINE_list("block_ids", ["uniform"], "uniform (random), vllm_pool (vLLM's BlockPool and CPU manager).")
 flags.DEFINE_list("methods", ["vllm_worker", "pages_staged", "pages_dma"],
-                  "Sources beside bulk: vllm_worker, region, a kvoffload method, batch_per_job "
+                  "Sources beside bulk: vllm_worker, region, a kvoffload method, pages_dma_per_page "
+                  "(DMA, a copy per page), batch_per_job "
                   "(batch with one driver call per job), pages_staged_ctasN (the ring on N CTAs), "
                   "pages_staged_slotsMxN or pages_staged_l2_slotsMxN (a ring of N slots of M MiB, "
                   "in persisting L2 with l2_), or "
@@ -36,7 +45,7 @@ flags.DEFINE_list("directions", list(DIRECTIONS), "store, load, both.")
 flags.DEFINE_integer("steps", None, "Counted steps a window (default: kvoffload.meter's).")
 flags.DEFINE_integer("rounds", meter.ROUNDS, "Busy windows per source.")
 flags.DEFINE_float("alone_seconds", 1.0, "Seconds each source runs alone.")
-flags.DEFINE_enum("workload", "model", list(compute_loop.WORKLOADS), "The loop beside the copies "
+flags.DEFINE_enum("workload", "decode", list(compute_loop.WORKLOADS), "The loop beside the copies "
                   "(kvoffload.compute_loop).")
 flags.DEFINE_enum("cpu_layout", None, list(pool_layout.CPU_LAYOUTS), "The host layout of kvoffload's "
                   "workers (default: the handler's; vLLM's worker keeps a CPU tensor per GPU tensor).")
@@ -46,45 +55,44 @@ flags.DEFINE_integer("dropped_handlers", 0, "kvoffload workers made, used and sh
                      "offloading).", lower_bound=0)
 flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the workspace).")
 
-KIB = 1024
-# name -> (rows per tensor, [[(tensor, page moved)] per group], blocks a job, GPU blocks)
-LAYOUTS = {
-    "llama8b-64k": ([64 * KIB] * 32, [[(t, 64 * KIB) for t in range(32)]], 256, 2048),
-    "tp8-8k": ([8 * KIB] * 80, [[(t, 8 * KIB) for t in range(80)]], 1024, 8192),
-    "4k": ([4 * KIB] * 64, [[(t, 4 * KIB) for t in range(64)]], 1024, 8192),
-    "16k": ([16 * KIB] * 64, [[(t, 16 * KIB) for t in range(64)]], 1024, 4096),
-    "hybrid": ([32 * KIB] * 32, [[(t, 32 * KIB) for t in range(32)], [(t, 16 * KIB) for t in range(32)]],
-               512, 4096),
-}
-
-
-def vllm_cache(torch, rows, refs, blocks, device):
-    from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
-    return CanonicalKVCaches(
-        [CanonicalKVCacheTensor(torch.randint(-128, 127, (blocks, row), dtype=torch.int8, device=device), row)
-         for row in rows], [[CanonicalKVCacheRef(t, page) for t, page in group] for group in refs])
+# model -> (blocks a job, GPU blocks); as many CPU chunks as GPU blocks.
+JOBS = {"llama8b-64k": (256, 2048), "tp8-8k": (1024, 8192), "4k": (1024, 8192), "16k": (1024, 4096),
+        "hybrid": (256, 4096), "mla-16": (256, 2048), "mla-64": (64, 512)}
 
 
 def jobs(rng, groups, n, blocks, half=None, count=8):
     """count jobs of n random blocks per group to random chunks (as many chunks as GPU
     blocks; ids unique across groups, as vLLM's block pool gives them); half 0 or 1 keeps
     to that half of both."""
+    lo, span = (0, blocks) if half is None else (half * blocks // 2, blocks // 2)
+    return [(lo + rng.permutation(span)[:groups * n], lo + rng.permutation(span)[:groups * n])
+            for _ in range(count)]
+
+
+def pool_jobs(rng, groups, n, blocks, half=None, count=8):
+    """As jobs, with ids from vLLM's BlockPool and CPU manager (vllm_caches.pool_jobs)."""
+    lo, span = (0, blocks) if half is None else (half * blocks // 2, blocks // 2)
+    return [(lo + gpu, lo + cpu) for gpu, cpu in vllm_caches.pool_jobs(rng, span, span, n, count, groups)]
+
+
+def specs(ids, groups, n):
     from vllm.v1.kv_offload.base import GPULoadStoreSpec
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
-    lo, span = (0, blocks) if half is None else (half * blocks // 2, blocks // 2)
-    out = []
-    for _ in range(count):
-        ids = lo + rng.permutation(span)[:groups * n]
-        chunks = lo + rng.permutation(span)[:groups * n]
-        out.append((GPULoadStoreSpec(ids.tolist(), [n] * groups, [0] * groups), CPULoadStoreSpec(chunks.tolist())))
-    return out
+    return [(GPULoadStoreSpec(gpu.tolist(), [n] * groups, [0] * groups), CPULoadStoreSpec(cpu.tolist()))
+            for gpu, cpu in ids]
 
 
-def layout_jobs(rng, groups, n, blocks):
-    """Per measured direction, its jobs by direction: disjoint halves for both at once."""
-    both = {"store": jobs(rng, groups, n, blocks, half=0), "load": jobs(rng, groups, n, blocks, half=1)}
-    return {"store": {"store": jobs(rng, groups, n, blocks)}, "load": {"load": jobs(rng, groups, n, blocks)},
-            "both": both}
+def layout_jobs(rng, groups, n, blocks, kind):
+    """Per measured direction, its jobs by direction: disjoint halves for both at once; and
+    the mean run lengths of their ids."""
+    make = jobs if kind == "uniform" else pool_jobs
+    ids = {"store": make(rng, groups, n, blocks), "load": make(rng, groups, n, blocks),
+           "both store": make(rng, groups, n, blocks, half=0), "both load": make(rng, groups, n, blocks, half=1)}
+    runs = [vllm_caches.run_lengths(gpu, cpu) for gpu, cpu in ids["store"]]
+    mean_runs = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]}
+    s = {k: specs(v, groups, n) for k, v in ids.items()}
+    return ({"store": {"store": s["store"]}, "load": {"load": s["load"]},
+             "both": {"store": s["both store"], "load": s["both load"]}}, mean_runs)
 
 
 def region_worker(cache, rows, blocks):
@@ -136,12 +144,34 @@ def page_method(method):
         if not ctas.isdigit():
             raise ValueError(f"--methods: expected {prefix}N with N a CTA count, got {method!r}")
         return kv.Pages(kv.PagePath.STAGED, ctas=int(ctas))
+    if method == "pages_dma_per_page":
+        return kv.Pages(kv.PagePath.DMA, strided=False)
     if method.startswith("pages_max"):
         try:
             return kv.Pages(max_slowdown=float(method[len("pages_max"):]))
         except ValueError:
             raise ValueError(f"--methods: expected pages_maxX with X a max_slowdown, got {method!r}") from None
     return method
+
+
+def path_of(method, handler, kv_layout, direction):
+    """What moved the bytes: bulk, vllm (its worker), ring, strided_dma (2D copies),
+    whole_blocks (a packed BLHNC block a copy), dma (a copy per page), or the method."""
+    if method in ("bulk", "vllm_worker"):
+        return "bulk" if method == "bulk" else "vllm"
+    if handler is None:
+        return method
+    paths = []
+    for d in ("store", "load") if direction == "both" else (direction,):
+        name = handler.methods[d]
+        if name == "pages_staged":
+            paths.append("ring")
+        elif name == "pages_dma":
+            paths.append("strided_dma" if "2D copies" in handler.method_reasons[d]
+                         else "whole_blocks" if kv_layout == "BLHNC" else "dma")
+        else:
+            paths.append(name)
+    return "/".join(paths)
 
 
 def main(argv):
@@ -151,6 +181,7 @@ def main(argv):
     from kvoffload.vllm import KVOffloadWorker
 
     gpu = torch.cuda.is_available()
+    device_name = torch.cuda.get_device_name() if gpu else "cpu"
     process = f"{os.uname().nodename}:{os.getpid()}"
     connections = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "8")
     rng = np.random.default_rng(0)
@@ -163,13 +194,14 @@ def main(argv):
             loop = compute_loop.ComputeLoop(torch, FLAGS.workload)
             clean_step = meter.clean_step_seconds(loop)  # before any worker: idle_vs_clean
         peer = vllm_peer.install(torch)
-    for layout in FLAGS.layouts:
-        row_bytes, refs, n, blocks = LAYOUTS[layout]
+    for layout, kv_layout, kind in itertools.product(FLAGS.layouts, FLAGS.kv_layouts, FLAGS.block_ids):
+        n, blocks = JOBS[layout]
         if not gpu:
-            n, blocks = 8, 64
-        cache = vllm_cache(torch, row_bytes, refs, blocks, "cuda" if gpu else "cpu")
-        groups = len(refs)
-        specs = layout_jobs(rng, groups, n, blocks)
+            n, blocks = 8, 96
+        cache, _, _ = vllm_caches.canonical_caches(torch, layout, kv_layout, blocks, "cuda" if gpu else "cpu")
+        row_bytes = [t.page_size_bytes for t in cache.tensors]
+        groups = len(cache.group_data_refs)
+        specs, runs = layout_jobs(rng, groups, n, blocks, kind)
         for _ in range(FLAGS.dropped_handlers):
             dropped = KVOffloadWorker(cache, 1, blocks)
             for d in ("store", "load"):
@@ -189,9 +221,10 @@ def main(argv):
                                                   **({"method": chosen_method} if gpu else {}))
         default = KVOffloadWorker(cache, 1, blocks) if gpu else None
         chosen = default.handler.methods if gpu else {"store": "host", "load": "host"}
+        chosen_why = default.handler.method_reasons if gpu else {}
         if default is not None:
             default.shutdown()
-        page_bytes = [page for group in refs for _, page in group]
+        page_bytes = [ref.page_size_bytes for group in cache.group_data_refs for ref in group]
         job_bytes = n * sum(page_bytes)
         sources = {}
         for direction in FLAGS.directions:
@@ -200,18 +233,21 @@ def main(argv):
                 sources[("bulk", direction)] = lambda b=bulk: b
             for method, worker in workers.items():
                 sources[(method, direction)] = lambda w=worker, d=direction: WorkerCopies(w, specs[d], d)
-        base = dict(layout=layout, tensors=len(row_bytes), page_bytes=max(page_bytes), groups=groups,
-                    blocks_per_job=n, job_mib=job_bytes / 2**20, connections=connections, process=process,
-                    dropped_handlers=FLAGS.dropped_handlers, workload=FLAGS.workload)
+        name = f"{layout} {kv_layout} {kind}"
+        base = dict(layout=layout, kv_layout=kv_layout, block_ids=kind, runs=runs, tensors=len(row_bytes),
+                    page_bytes=max(page_bytes), groups=groups, blocks_per_job=n, job_mib=job_bytes / 2**20,
+                    connections=connections, process=process, device=device_name,
+                    dropped_handlers=FLAGS.dropped_handlers, workload=FLAGS.workload, chosen_why=chosen_why)
         alone = {key: meter.alone(make(), FLAGS.alone_seconds) for key, make in sources.items()}
         for (method, direction), rate in alone.items():
-            print(f"{layout:<12} {method:<13} {direction:<6} alone {rate:6.1f} GB/s")
+            print(f"{name:<26} {method:<18} {direction:<6} alone {rate:6.1f} GB/s")
         beside = meter.measure(loop, {f"{m} {d}": make for (m, d), make in sources.items()},
                                FLAGS.steps, FLAGS.rounds) if loop is not None else {}
         for (method, direction), rate in alone.items():
             handler = getattr(workers.get(method), "handler", None)
             paths = handler.methods if handler is not None else None
             row = dict(base, method=method, direction=direction, gb_per_s=rate,
+                       path=path_of(method, handler, kv_layout, direction),
                        cpu_layout=getattr(handler, "cpu_layout", None),
                        paths=None if paths is None else paths["store"] if direction == "store"
                        else paths["load"] if direction == "load" else f"{paths['store']}/{paths['load']}",
@@ -224,8 +260,8 @@ def main(argv):
                            bulk_step_slowdown=bulk.step_slowdown, idle_drift=got.idle_drift,
                            idle_vs_clean=got.idle_step_seconds / clean_step - 1,
                            noisy=got.noisy, windows=got.windows, dry_steps=got.dry_steps)
-                print(f"{layout:<12} {method:<13} {direction:<6} {got.summary()}; bulk {bulk.step_slowdown:+.2%}; "
-                      f"idle {row['idle_vs_clean']:+.2%} over the clean loop")
+                print(f"{name:<26} {method:<18} {direction:<6} {got.summary()}; bulk {bulk.step_slowdown:+.2%}; "
+                      f"idle {row['idle_vs_clean']:+.2%} over the clean loop; path {row['path']}")
             rows.append(row)
         for worker in workers.values():
             worker.shutdown()
@@ -246,7 +282,9 @@ def write(torch, rows, loop, clean_step):
                 clean_step_seconds=clean_step, steps=FLAGS.steps,
                 rounds=FLAGS.rounds, noise=meter.NOISE, warm_seconds=meter.WARM_SECONDS,
                 dma_from_page_bytes={d.value: b for d, b in page_methods.DMA_FROM_PAGE_BYTES.items()},
-                note="kvoffload.meter: each source kept in flight (two jobs per direction, fed from "
+                pytorch_cuda_alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+                note="caches from vLLM's own allocate_kv_cache and register_kv_caches (bench/vllm_caches.py); "
+                     "kvoffload.meter: each source kept in flight (two jobs per direction, fed from "
                      "a thread of their own) through windows of at least 100 steps of the loop of "
                      "kvoffload.compute_loop named in workload, each between idle windows; "
                      "step_slowdown against them, idle_drift their difference, idle_vs_clean their mean "

@@ -77,7 +77,7 @@ class PageChoice:
 
     @classmethod
     def of(cls, method: Pages, pages, batch_copy: bool, cal=None, rows=()) -> PageChoice:
-        every = bool(rows) and all(r is None for r in rows)
+        every = method.strided and bool(rows) and all(r is None for r in rows)
         return cls(page_methods.choose(method, pages, batch_copy, cal, every), batch_copy, cal, tuple(rows))
 
 
@@ -128,7 +128,7 @@ class PageJobs:
     def __init__(self, method: Pages, layout, table, registry, choice: PageChoice, device: int | None = None):
         self._layout, self._table = layout, table
         self._ring = dict(max_ctas=method.ctas, slot_bytes=method.slot_bytes, slots=method.slots,
-                          slots_in_l2=method.slots_in_l2)
+                          slots_in_l2=method.slots_in_l2, strided=method.strided)
         self.paths = choice.paths
         cal = choice.cal
         gpu_spans, cpu_spans = table.spans()
@@ -153,7 +153,8 @@ class PageJobs:
             why = "built-in choice: every group's tensors are rows of one allocation"
         else:
             why = "built-in choice"
-        rows = table.rows(device) if device is not None and PagePath.DMA in self.paths.values() else []
+        rows = (table.rows(device) if device is not None and method.strided and PagePath.DMA in self.paths.values()
+                else [])
         strided = [g for g, r in enumerate(rows) if r[0]]
         if rows and strided:
             why += f"; DMA by 2D copies, a row per tensor, for group{'s' * (len(strided) > 1)} {strided}"

@@ -51,7 +51,9 @@ class Pages:
     ``ctas``: the gather and scatter kernels' CTAs. ``max_slowdown``: with path None, the
     step slowdown over bulk copies' that a model beside may be given, chosen by from the
     device's page calibration; None: the built-in choice. ``slots`` x ``slot_bytes``: the
-    staging ring. ``slots_in_l2`` holds its slots in persisting L2: a study, not a speed-up.
+    staging ring. ``strided``: DMA moves the blocks of groups whose tensors are rows of one
+    allocation by 2D copies (cc/pages/row_copies.h); False keeps to a copy per page.
+    ``slots_in_l2`` holds its slots in persisting L2: a study, not a speed-up.
     The device-wide set-aside it leaves slows a model's every step (docs/studies.md#the-ring-in-persisting-l2)."""
 
     path: PagePath | None = None
@@ -60,6 +62,7 @@ class Pages:
     slot_bytes: int = SLOT_BYTES
     slots: int = SLOTS
     slots_in_l2: bool = False
+    strided: bool = True
     MAX_CTAS: ClassVar[int] = 1 << 16
 
     def __post_init__(self):
@@ -73,6 +76,8 @@ class Pages:
         object.__setattr__(self, "slots", require_int("slots", self.slots, 2, _C.PAGE_MAX_SLOTS))
         if not isinstance(self.slots_in_l2, bool):
             raise TypeError(f"slots_in_l2: expected a bool, got {type(self.slots_in_l2).__name__}")
+        if not isinstance(self.strided, bool):
+            raise TypeError(f"strided: expected a bool, got {type(self.strided).__name__}")
         if self.max_slowdown is not None:
             if self.path is not None:
                 raise ValueError(f"max_slowdown: chooses a path, and path {name(self.path)!r} is forced")
