@@ -15,6 +15,7 @@ The engine config is a stand-in holding only the fields those functions read.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import types
 from types import SimpleNamespace as NS
@@ -38,6 +39,28 @@ MODELS = {
     "mla-16": ([("mla", 61)], 16, 1, 576),        # DeepSeek's 576-element latent: 18 KiB
     "mla-64": ([("mla", 61)], 64, 1, 576),        # 72 KiB
 }
+
+
+# model -> (blocks a job, GPU blocks) in bench/vllm_worker.py; as many CPU chunks as GPU blocks.
+JOBS = {"llama8b-64k": (256, 2048), "tp8-8k": (1024, 8192), "4k": (1024, 8192), "16k": (1024, 4096),
+        "hybrid": (256, 4096), "mla-16": (256, 2048), "mla-64": (64, 512)}
+
+
+def bench_pool_args(groups, n, blocks, half=None, count=8):
+    """pool_jobs' arguments for the benchmark's jobs of n blocks a group over ``blocks``
+    blocks, or over half of them (both ways at once: half 0 stores, half 1 loads)."""
+    span = blocks if half is None else blocks // 2
+    return (7 + (half or 0), span, span, n, count, groups)
+
+
+def saved_calls():
+    """The pool_jobs calls of the benchmark and tests/vllm_caches_test.py, which
+    tools/stage_vllm_bundle.sh saves for the GPU hosts."""
+    calls = [(0, 4096, 2048, 64, 12, 2, 400)] + [(11, 96, 96, 8, 4, g, 20) for g in (1, 2)]
+    for model, (n, blocks) in JOBS.items():
+        for half in (None, 0, 1):
+            calls.append(bench_pool_args(len(MODELS[model][0]), n, blocks, half) + (400,))
+    return calls
 
 
 def _specs(torch, model):
@@ -81,31 +104,40 @@ def page_bytes(torch, model) -> int:
     return _specs(torch, model)[0].kv_cache_spec.page_size_bytes
 
 
-def canonical_caches(torch, model: str, kv_layout: str, num_blocks: int, device, seed: int = 0):
+def vllms_code_runs() -> bool:
+    """Whether vLLM's allocation and connector code imports here: the GPU hosts' light
+    bundle lacks what its engine config imports (transformers), and there the copy runs."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import OffloadingConnectorWorker  # noqa
+        from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups  # noqa: F401
+        from vllm.v1.worker.utils import allocate_kv_cache  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def canonical_caches(torch, model: str, kv_layout: str, num_blocks: int, device, seed: int = 0,
+                     builder: str = "auto"):
     """(CanonicalKVCaches, backing tensors, vLLM's KVCacheTensor or None) for ``model``'s
     cache of ``num_blocks`` blocks laid out as ``kv_layout`` (one of KV_LAYOUTS) on
     ``device``, filled with random bytes. Layer l of block b starts at byte
-    ``offset + l * layer_stride + b * block_stride`` of the backing tensor."""
-    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import OffloadingConnectorWorker
-    from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
-    from vllm.v1.kv_cache_layout import KVCacheLayout
-    from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
-    from vllm.v1.worker.utils import allocate_kv_cache
-
+    ``offset + l * layer_stride + b * block_stride`` of the backing tensor. builder:
+    ``vllm`` (its own code), ``copy`` (copy_of_vllm, which tests/vllm_caches_test.py
+    holds against it), or ``auto``: vLLM's where it imports."""
     if kv_layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout: expected one of {KV_LAYOUTS}, got {kv_layout!r}")
     groups = _specs(torch, model)
     page = groups[0].kv_cache_spec.page_size_bytes
     layers = sum(len(g.layer_names) for g in groups)
     gen = torch.Generator(device=device).manual_seed(seed)
-    if kv_layout == "per_layer":
-        per_group = len(groups[0].layer_names)
-        tensors = [torch.randint(-128, 127, (num_blocks, page), dtype=torch.int8, device=device, generator=gen)
-                   for _ in range(per_group)]
-        # Groups overlay each other: group g's layer k shares tensor k.
-        caches = CanonicalKVCaches([CanonicalKVCacheTensor(t, page) for t in tensors],
-                                   [[CanonicalKVCacheRef(k, page) for k in range(len(g.layer_names))] for g in groups])
-        return caches, tensors, None
+    fill = lambda t: t.copy_(torch.randint(-128, 127, t.shape, dtype=torch.int8, device=device, generator=gen))
+    if kv_layout == "per_layer" or builder == "copy" or (builder == "auto" and not vllms_code_runs()):
+        return copy_of_vllm(torch, groups, kv_layout, num_blocks, device, fill)
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import OffloadingConnectorWorker
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+    from vllm.v1.worker.utils import allocate_kv_cache
+
     layout = KVCacheLayout[kv_layout]
     engine = _engine(layout, MODELS[model][2])
     config = get_kv_cache_config_from_groups(engine, groups, page * layers * num_blocks // len(groups))
@@ -113,20 +145,74 @@ def canonical_caches(torch, model: str, kv_layout: str, num_blocks: int, device,
         raise AssertionError(f"vLLM's planner made {config.num_blocks} blocks, not {num_blocks}")
     views = allocate_kv_cache(config, torch.device(device), layout)
     backing = torch.tensor([], dtype=torch.int8, device=device).set_(next(iter(views.values())).untyped_storage())
-    backing.copy_(torch.randint(-128, 127, backing.shape, dtype=torch.int8, device=device, generator=gen))
+    fill(backing)
     spec = _Spec()
     OffloadingConnectorWorker(spec, engine, config).register_kv_caches(views)
     return spec.caches, [backing], config.kv_cache_tensors[0]
 
 
-def pool_jobs(rng, num_gpu_blocks: int, num_chunks: int, blocks_per_job: int, count: int, groups: int = 1,
-              warm_requests: int = 400):
+def copy_of_vllm(torch, groups, kv_layout, num_blocks, device, fill):
+    """What canonical_caches makes with vLLM's code, for models whose groups have one page
+    size and as many layers each (vLLM then overlays layer k of every group on one run of
+    bytes): one backing allocation; under LBHNC and LBNHC a [blocks, page] tensor a layer,
+    num_blocks * page apart, each group's refs those tensors; under BLHNC one packed
+    tensor whose page is a block across every layer, each group's one ref to it.
+    per_layer: a tensor a layer, each its own allocation (vLLM before 0.32)."""
+    from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
+
+    page = groups[0].kv_cache_spec.page_size_bytes
+    per_group = len(groups[0].layer_names)
+    if kv_layout == "per_layer":
+        backing = [fill(torch.empty(num_blocks, page, dtype=torch.int8, device=device)) for _ in range(per_group)]
+        tensors = backing
+    else:
+        backing = [fill(torch.empty(per_group * num_blocks * page, dtype=torch.int8, device=device))]
+    if kv_layout == "BLHNC":
+        tensors = [backing[0].view(num_blocks, per_group * page)]
+        return (CanonicalKVCaches([CanonicalKVCacheTensor(tensors[0], per_group * page)],
+                                  [[CanonicalKVCacheRef(0, per_group * page)] for _ in groups]), backing, None)
+    if kv_layout != "per_layer":
+        tensors = [backing[0][k * num_blocks * page:(k + 1) * num_blocks * page].view(num_blocks, page)
+                   for k in range(per_group)]
+    return (CanonicalKVCaches([CanonicalKVCacheTensor(t, page) for t in tensors],
+                              [[CanonicalKVCacheRef(k, page) for k in range(per_group)] for _ in groups]),
+            backing, None)
+
+
+# Where pool_jobs finds ids saved by save_pool_jobs, for hosts whose vLLM cannot import its
+# block pool (the light bundle lacks what vllm.config imports).
+SAVED_IDS = os.environ.get("KVOFFLOAD_VLLM_POOL_IDS", "")
+
+
+def pool_jobs(seed: int, num_gpu_blocks: int, num_chunks: int, blocks_per_job: int, count: int,
+              groups: int = 1, warm_requests: int = 400):
     """``count`` jobs of ``blocks_per_job`` blocks a group as a running engine hands them
-    out: (GPU ids, CPU chunk ids) per job. Requests of 1-64 blocks arrive while the pool
-    has room (up to a quarter of it) and finish at random (their blocks freed tail first, as vLLM frees them);
-    after ``warm_requests`` of them a job is the blocks of a newly admitted request
-    (topped up from the next ones), its chunks those the CPU manager gives a store of as
-    many new keys. Groups draw their ids from one pool, as vLLM's do."""
+    out: (GPU ids, CPU chunk ids) per job. Requests arrive while the pool has room (each
+    of at most 64 blocks and a quarter of it) and finish at random (their blocks freed
+    tail first, as vLLM frees them); after ``warm_requests`` of them a job is the blocks
+    of newly admitted requests, its chunks those the CPU manager gives a store of as many
+    new keys. Groups draw their ids from one pool, as vLLM's do. From SAVED_IDS where it
+    holds these arguments' jobs."""
+    key = f"{seed} {num_gpu_blocks} {num_chunks} {blocks_per_job} {count} {groups} {warm_requests}"
+    if SAVED_IDS:
+        with np.load(SAVED_IDS) as saved:
+            if f"{key} gpu 0" in saved:
+                return [(saved[f"{key} gpu {i}"], saved[f"{key} cpu {i}"]) for i in range(count)]
+    return _pool_jobs(np.random.default_rng(seed), num_gpu_blocks, num_chunks, blocks_per_job, count, groups,
+                      warm_requests)
+
+
+def save_pool_jobs(path: str, calls) -> None:
+    """pool_jobs(*args) for every args of ``calls``, run here, saved at ``path``."""
+    arrays = {}
+    for args in calls:
+        key = " ".join(str(a) for a in args)
+        for i, (gpu, cpu) in enumerate(pool_jobs(*args)):
+            arrays[f"{key} gpu {i}"], arrays[f"{key} cpu {i}"] = gpu, cpu
+    np.savez_compressed(path, **arrays)
+
+
+def _pool_jobs(rng, num_gpu_blocks, num_chunks, blocks_per_job, count, groups, warm_requests):
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.kv_offload.base import ReqContext, make_offload_key
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
@@ -179,3 +265,8 @@ def run_lengths(gpu, cpu=None) -> dict[str, float]:
         both = (np.diff(gpu) == 1) & (np.diff(np.asarray(cpu)) == 1)
         out["both"] = gpu.size / (1 + int(np.count_nonzero(~both)))
     return out
+
+
+if __name__ == "__main__":
+    save_pool_jobs(sys.argv[1], saved_calls())
+    print(f"saved vLLM block pool ids of {len(saved_calls())} calls at {sys.argv[1]}")

@@ -55,9 +55,7 @@ flags.DEFINE_integer("dropped_handlers", 0, "kvoffload workers made, used and sh
                      "offloading).", lower_bound=0)
 flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the workspace).")
 
-# model -> (blocks a job, GPU blocks); as many CPU chunks as GPU blocks.
-JOBS = {"llama8b-64k": (256, 2048), "tp8-8k": (1024, 8192), "4k": (1024, 8192), "16k": (1024, 4096),
-        "hybrid": (256, 4096), "mla-16": (256, 2048), "mla-64": (64, 512)}
+JOBS = vllm_caches.JOBS
 
 
 def jobs(rng, groups, n, blocks, half=None, count=8):
@@ -70,9 +68,14 @@ def jobs(rng, groups, n, blocks, half=None, count=8):
 
 
 def pool_jobs(rng, groups, n, blocks, half=None, count=8):
-    """As jobs, with ids from vLLM's BlockPool and CPU manager (vllm_caches.pool_jobs)."""
+    """As jobs, with ids from vLLM's BlockPool and CPU manager (vllm_caches.pool_jobs);
+    each direction's from a seed of its own."""
+    del rng
     lo, span = (0, blocks) if half is None else (half * blocks // 2, blocks // 2)
-    return [(lo + gpu, lo + cpu) for gpu, cpu in vllm_caches.pool_jobs(rng, span, span, n, count, groups)]
+    return [(lo + gpu, lo + cpu) for gpu, cpu in vllm_caches.pool_jobs(*pool_args(groups, n, blocks, half, count))]
+
+
+pool_args = vllm_caches.bench_pool_args
 
 
 def specs(ids, groups, n):
@@ -86,7 +89,7 @@ def layout_jobs(rng, groups, n, blocks, kind):
     """Per measured direction, its jobs by direction: disjoint halves for both at once; and
     the mean run lengths of their ids."""
     make = jobs if kind == "uniform" else pool_jobs
-    ids = {"store": make(rng, groups, n, blocks), "load": make(rng, groups, n, blocks),
+    ids = {"store": make(rng, groups, n, blocks), "load": make(rng, groups, n, blocks)[::-1],
            "both store": make(rng, groups, n, blocks, half=0), "both load": make(rng, groups, n, blocks, half=1)}
     runs = [vllm_caches.run_lengths(gpu, cpu) for gpu, cpu in ids["store"]]
     mean_runs = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]}
@@ -234,7 +237,9 @@ def main(argv):
             for method, worker in workers.items():
                 sources[(method, direction)] = lambda w=worker, d=direction: WorkerCopies(w, specs[d], d)
         name = f"{layout} {kv_layout} {kind}"
-        base = dict(layout=layout, kv_layout=kv_layout, block_ids=kind, runs=runs, tensors=len(row_bytes),
+        built_by = "vllm" if kv_layout != "per_layer" and vllm_caches.vllms_code_runs() else "copy"
+        base = dict(layout=layout, kv_layout=kv_layout, block_ids=kind, runs=runs, cache_built_by=built_by,
+                    tensors=len(row_bytes),
                     page_bytes=max(page_bytes), groups=groups, blocks_per_job=n, job_mib=job_bytes / 2**20,
                     connections=connections, process=process, device=device_name,
                     dropped_handlers=FLAGS.dropped_handlers, workload=FLAGS.workload, chosen_why=chosen_why)

@@ -16,6 +16,8 @@ from kvoffload.vllm import KVOffloadWorker
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 MODELS = ["tp8-8k", "hybrid", "mla-16"]
 BLOCKS = 96
+needs_vllms_code = pytest.mark.skipif(not vllm_caches.vllms_code_runs(),
+                                      reason="vLLM's engine config does not import here (the light bundle)")
 
 
 def layer_bytes(backing, tensor, layer, block, page):
@@ -24,6 +26,7 @@ def layer_bytes(backing, tensor, layer, block, page):
     return backing[at:at + page]
 
 
+@needs_vllms_code
 @pytest.mark.parametrize("kv_layout", ["LBHNC", "BLHNC", "LBNHC"])
 def test_the_worker_sees_vllms_one_allocation(kv_layout):
     caches, (backing,), tensor = vllm_caches.canonical_caches(torch, "tp8-8k", kv_layout, BLOCKS, "cpu")
@@ -41,9 +44,30 @@ def test_the_worker_sees_vllms_one_allocation(kv_layout):
         assert torch.equal(got, layer_bytes(backing, tensor, layer, block, page))
 
 
+@needs_vllms_code
+@pytest.mark.parametrize("kv_layout", ["LBHNC", "BLHNC", "LBNHC"])
+@pytest.mark.parametrize("model", list(vllm_caches.MODELS))
+def test_the_copy_makes_what_vllms_code_makes(model, kv_layout):
+    """The GPU hosts build caches with copy_of_vllm (their vLLM lacks what its engine
+    config imports): the same tensors, strides, offsets, refs and bytes as vLLM's code."""
+    made = {b: vllm_caches.canonical_caches(torch, model, kv_layout, 40, "cpu", seed=9, builder=b)
+            for b in ("vllm", "copy")}
+    (theirs, their_backing, _), (ours, our_backing, _) = made["vllm"], made["copy"]
+    assert [b.nbytes for b in our_backing] == [b.nbytes for b in their_backing]
+    assert all(torch.equal(a, b) for a, b in zip(our_backing, their_backing))
+
+    def shape(caches, backing):
+        start = backing[0].untyped_storage().data_ptr()
+        return ([(tuple(t.tensor.shape), t.tensor.stride(), t.tensor.data_ptr() - start, t.page_size_bytes)
+                 for t in caches.tensors],
+                [[(r.tensor_idx, r.page_size_bytes) for r in g] for g in caches.group_data_refs])
+
+    assert shape(ours, our_backing) == shape(theirs, their_backing)
+
+
 def test_block_pool_ids_are_distinct_in_range_and_come_in_runs():
     rng = np.random.default_rng(0)
-    jobs = vllm_caches.pool_jobs(rng, 4096, 2048, 64, 12, groups=2)
+    jobs = vllm_caches.pool_jobs(0, 4096, 2048, 64, 12, groups=2)
     for gpu, cpu in jobs:
         assert len(gpu) == 128 and len(set(gpu.tolist())) == 128 and gpu.min() >= 1 and gpu.max() < 4096
         assert len(cpu) == 128 and len(set(cpu.tolist())) == 128 and cpu.min() >= 0 and cpu.max() < 2048
@@ -68,7 +92,7 @@ def test_stores_and_loads_with_pool_ids_move_vllms_bytes(model, kv_layout, devic
                 assert worker.handler.methods == {"store": "pages_dma", "load": "pages_dma"}
                 assert "2D copies" in reasons["store"] or "not one allocation" in reasons["store"], reasons
         rng = np.random.default_rng(11)
-        jobs = vllm_caches.pool_jobs(rng, BLOCKS, BLOCKS, 8, 4, groups=groups, warm_requests=20)
+        jobs = vllm_caches.pool_jobs(11, BLOCKS, BLOCKS, 8, 4, groups=groups, warm_requests=20)
         saved = [b.clone() for b in backing]
         job_id = 0
         for gpu, cpu in jobs:

@@ -5,6 +5,7 @@
 # host lacks), plus vllm_env.py.
 # Run tools/install_vllm.sh first. On the host, inside gpu_bundle/ (tools/stage_gpu_bundle.sh):
 #   tar xJf vllm_light.tar.xz && cp vllm_env.py .          # both from vllm_bundle/
+#   export KVOFFLOAD_VLLM_POOL_IDS=$PWD/vllm_pool_ids.npz   # also from vllm_bundle/
 #   PYTHONPATH=. python3 -m pytest -q tests/vllm_worker_test.py tests/vllm_worker_gpu_test.py
 #   PYTHONPATH=. python3 bench/vllm_worker.py --out=bench/results/vllm_worker_h200.json
 set -euo pipefail
@@ -33,5 +34,8 @@ for wheel in vllm_bundle/wheel/*.whl; do "$python" -m zipfile -e "$wheel" vllm_b
 echo "light bundle: vLLM's Python sources and the pins its worker and vllm.config import" > vllm_bundle/vllm_light/LIGHT
 tar -C vllm_bundle -cJf vllm_bundle/vllm_light.tar.xz vllm_light
 cp third_party/vllm/vllm_env.py vllm_bundle/
+# Block ids from vLLM's BlockPool and CPU manager, which the light bundle cannot import
+# (vllm.config's imports): made here, read there through KVOFFLOAD_VLLM_POOL_IDS.
+(cd bench && PYTHONPATH="../third_party/vllm" "$python" vllm_caches.py ../vllm_bundle/vllm_pool_ids.npz)
 rm -rf vllm_bundle/vllm_light vllm_bundle/wheel vllm_bundle/files
 echo "staged $(du -h vllm_bundle/vllm_light.tar.xz | cut -f1) in vllm_bundle/"
