@@ -390,3 +390,19 @@ def test_extents_past_2_63_are_refused_before_the_overlap_check():
         cpu = TensorLayout(base, page, page, base, stride)
         with pytest.raises(ValueError, match=r"group 0 tensor 0: its CPU extent ends past 2\^63"):
             KVLayout((GroupLayout((cpu,), 1, blocks),), 1)
+
+
+def test_specs_are_values():
+    ids = np.array([4, 1, 7], dtype=np.int64)
+    a, b = GPUSpec(ids, [2, 1], [0, 3]), GPUSpec([4, 1, 7], (2, 1), (0, 3))
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert a != GPUSpec([4, 1, 7], [1, 2], [0, 3]) and a != GPUSpec([4, 1, 8], [2, 1], [0, 3])
+    assert a != GPUSpec([4, 1, 7], [2, 1], [0, 4]) and a != "spec"
+    ids[0] = 9  # the caller's array is not the spec's
+    assert a == b
+    with pytest.raises(ValueError, match="read-only"):
+        a.block_ids[0] = 5
+    c, d = CPUSpec([3, 0]), CPUSpec(np.array([3, 0], dtype=np.int32))
+    assert c == d and hash(c) == hash(d) and c != CPUSpec([0, 3]) and c != a
+    with pytest.raises(ValueError, match="read-only"):
+        c.chunk_ids[0] = 1

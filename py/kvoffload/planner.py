@@ -279,11 +279,12 @@ def tensor_pages(gpu: Sequence[Sequence], page_bytes: Sequence | None = None,
     return pages
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class GPUSpec:
     """GPU blocks of a transfer: ids concatenated by group, each group's count, and the
     logical index of each group's first block. ``names``: what errors call each field
-    (``{"block_ids": "src_spec.block_ids", ...}``), for callers with names of their own."""
+    (``{"block_ids": "src_spec.block_ids", ...}``), for callers with names of their own.
+    A value: equal to a spec of the same ids, hashable, its ids read-only."""
 
     block_ids: np.ndarray
     group_sizes: tuple[int, ...]
@@ -308,24 +309,41 @@ class GPUSpec:
         if sum(sizes) != len(self.block_ids):
             raise ValueError(f"{name('group_sizes')}: add up to {sum(sizes)} but "
                              f"{name('block_ids')} has {len(self.block_ids)} ids")
+        self.block_ids.setflags(write=False)
 
     def name(self, field: str) -> str:
         return (self.names or {}).get(field, field)
 
+    def _key(self):
+        return self.block_ids.tobytes(), self.group_sizes, self.block_indices
 
-@dataclasses.dataclass(frozen=True)
+    def __eq__(self, other):
+        return self._key() == other._key() if isinstance(other, GPUSpec) else NotImplemented
+
+    def __hash__(self):
+        return hash(self._key())
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class CPUSpec:
     """CPU chunks of a transfer, concatenated by group. ``names``: as for GPUSpec
-    (``{"chunk_ids": "dst_spec.block_ids"}``)."""
+    (``{"chunk_ids": "dst_spec.block_ids"}``). A value, as GPUSpec is."""
 
     chunk_ids: np.ndarray
     names: Mapping[str, str] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         object.__setattr__(self, "chunk_ids", _int64_vector(self.name("chunk_ids"), self.chunk_ids))
+        self.chunk_ids.setflags(write=False)
 
     def name(self, field: str) -> str:
         return (self.names or {}).get(field, field)
+
+    def __eq__(self, other):
+        return self.chunk_ids.tobytes() == other.chunk_ids.tobytes() if isinstance(other, CPUSpec) else NotImplemented
+
+    def __hash__(self):
+        return hash(self.chunk_ids.tobytes())
 
 
 @dataclasses.dataclass(frozen=True)
