@@ -293,6 +293,15 @@ def test_gpu_tensors_that_are_not_groups_of_tensors_are_named(gpu_tensors, messa
         OffloadHandler(gpu_tensors, 4, 2)
 
 
+@pytest.mark.parametrize("view, bit", [(lambda t: t.conj(), "conj"), (lambda t: torch._neg_view(t), "neg")])
+def test_tensors_whose_memory_is_not_their_values_are_refused(view, bit):
+    plain = torch.randn((8, 32), dtype=torch.complex64)
+    lazy = view(plain)
+    assert getattr(lazy, f"is_{bit}")()
+    with pytest.raises(ValueError, match=rf"gpu_tensors\[0\]\[1\]: has its {bit} bit set; pass tensor.resolve_{bit}\(\)"):
+        OffloadHandler([[plain, lazy]], 4, 2)
+
+
 def test_a_job_id_that_names_no_job_is_refused():
     handler = OffloadHandler([[torch.zeros((8, 64), dtype=torch.uint8)]], 4, 2)
     try:

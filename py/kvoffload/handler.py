@@ -123,6 +123,11 @@ def _tensor_groups(torch, gpu_tensors) -> list[list]:
         for i, t in enumerate(group):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"gpu_tensors[{g}][{i}]: expected a torch tensor, got a {type(t).__name__}")
+            # The bytes in memory are not the values such a tensor shows.
+            for bit, resolve in (("is_conj", "resolve_conj"), ("is_neg", "resolve_neg")):
+                if getattr(t, bit)():
+                    raise ValueError(f"gpu_tensors[{g}][{i}]: has its {bit[3:]} bit set; pass "
+                                     f"tensor.{resolve}(), which holds its values in memory")
     return groups
 
 
