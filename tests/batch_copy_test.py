@@ -346,6 +346,32 @@ def test_host_copy_threads_are_capped_and_validated(rng):
         kv.host_copy([src.ctypes.data], [dst.ctypes.data], [n], threads=-1, registry=kv.UNCHECKED)
 
 
+@pytest.mark.parametrize("case, message", [
+    ("two destinations", r"dst\[0\] and dst\[1\]: overlap"),
+    ("a destination over a source", r"src\[1\] and dst\[1\]: overlap"),
+    ("a copy onto itself, shifted", r"src\[0\] and dst\[0\]: overlap"),
+])
+def test_host_copy_refuses_overlapping_ranges_before_copying(rng, case, message):
+    n = _HOST_THREADING_BYTES  # threaded: such copies would tear
+    buf = poisoned(4 * n)
+    a = buf.ctypes.data
+    srcs, dsts = {"two destinations": ([a, a + n], [a + 2 * n, a + 3 * n - 64]),
+                  "a destination over a source": ([a, a + 2 * n], [a + n, a + 2 * n + n // 2]),
+                  "a copy onto itself, shifted": ([a], [a + 64])}[case]
+    with pytest.raises(ValueError, match=message):
+        kv.host_copy(srcs, dsts, [n] * len(srcs), registry=kv.UNCHECKED)
+    assert (buf == poisoned(1)[0]).all()  # nothing copied
+
+
+def test_host_copy_takes_sources_that_overlap_each_other(rng):
+    n = _HOST_THREADING_BYTES
+    src, dst = random_bytes(rng, n + 4096), poisoned(2 * n)
+    kv.host_copy([src.ctypes.data, src.ctypes.data + 4096], [dst.ctypes.data, dst.ctypes.data + n], [n, n],
+                 registry=kv.UNCHECKED)
+    np.testing.assert_array_equal(dst[:n], src[:n])
+    np.testing.assert_array_equal(dst[n:], src[4096:])
+
+
 _NO_ROOM_FOR_THREADS = """
 import resource, sys
 import numpy as np

@@ -191,6 +191,8 @@ def test_copies_checked_against_a_registered_view_stay_inside_it(view, copies, d
     dst = [buf.array.ctypes.data + offset for offset, _ in copies]
     sizes = [size for _, size in copies]
     inside = all(size > 0 and start <= d and d + size <= end for d, size in zip(dst, sizes))
+    ranges = sorted(zip(dst, sizes))
+    inside = inside and all(d + size <= e for (d, size), (e, _) in zip(ranges, ranges[1:]))  # no overlap
     try:
         kv.host_copy([src.ctypes.data] * len(copies), dst, sizes, registry=registry)
         assert inside

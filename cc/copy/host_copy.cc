@@ -38,6 +38,36 @@ int ThreadCount(int64_t total_bytes, int max_threads) {
   return std::min(max_threads, kMaxHostThreads);
 }
 
+// Throws std::invalid_argument naming two copies where a destination range overlaps any
+// other range of the batch (split over threads, such copies tear; memcpy's own ranges
+// may not overlap either). Sources may overlap each other.
+void RequireNoOverlap(const CopyBatch& batch) {
+  struct Range {
+    int64_t begin, end, copy;
+    bool dst;
+  };
+  std::vector<Range> ranges;
+  ranges.reserve(2 * batch.count);
+  for (int64_t i = 0; i < batch.count; ++i) {
+    if (batch.size[i] == 0) continue;
+    ranges.push_back({batch.src[i], batch.src[i] + batch.size[i], i, false});
+    ranges.push_back({batch.dst[i], batch.dst[i] + batch.size[i], i, true});
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  const Range* furthest = nullptr;      // of the ranges so far, the one reaching furthest
+  const Range* furthest_dst = nullptr;  // of the destinations so far
+  auto name = [](const Range& r) { return std::string(r.dst ? "dst[" : "src[") + std::to_string(r.copy) + "]"; };
+  for (const Range& r : ranges) {
+    const Range* other = r.dst ? furthest : furthest_dst;
+    if (other != nullptr && r.begin < other->end) {
+      throw std::invalid_argument(name(*other) + " and " + name(r) +
+                                  ": overlap; a destination may not overlap any other range of the batch");
+    }
+    if (furthest == nullptr || r.end > furthest->end) furthest = &r;
+    if (r.dst && (furthest_dst == nullptr || r.end > furthest_dst->end)) furthest_dst = &r;
+  }
+}
+
 }  // namespace
 
 CopyResult HostCopy(const CopyBatch& batch, int max_threads) {
@@ -57,6 +87,7 @@ CopyResult HostCopy(const CopyBatch& batch, int max_threads) {
     total += batch.size[i];
   }
   result.bytes = total;
+  RequireNoOverlap(batch);
 
   const int threads = ThreadCount(total, max_threads);
   result.driver_calls = threads;

@@ -9,7 +9,8 @@ namespace kvoffload {
 // Host-to-host copies with memcpy; needs no GPU. Batches of at least
 // kHostThreadingBytes are split evenly by bytes over up to `max_threads` threads
 // (0: the machine's core count, capped at 8; never more than kMaxHostThreads).
-// Source and destination ranges must not overlap. Validates first; a failed
+// No destination may overlap another range of the batch (std::invalid_argument names
+// both copies); sources may overlap each other. Validates first; a failed
 // validation, sizes adding up past int64, or a thread that cannot be started
 // (std::runtime_error) copies nothing.
 inline constexpr int64_t kHostThreadingBytes = int64_t{32} << 20;
