@@ -293,6 +293,18 @@ def test_gpu_tensors_that_are_not_groups_of_tensors_are_named(gpu_tensors, messa
         OffloadHandler(gpu_tensors, 4, 2)
 
 
+def test_a_shut_down_handlers_registry_no_longer_vouches_for_its_pool():
+    handler = OffloadHandler([[torch.zeros((8, 64), dtype=torch.uint8)]], 4, 2)
+    base, registry = handler.pool.base, handler.registry
+    src = np.arange(64, dtype=np.uint8)
+    registry.register("src", src.ctypes.data, src.nbytes, "host")
+    kvoffload.host_copy([src.ctypes.data], [base], [64], registry=registry)  # live: vouched for
+    handler.shutdown()
+    assert "host pool" not in {r.name for r in registry.regions}
+    with pytest.raises(ValueError, match=r"dst\[0\]: .* is outside registered host memory"):
+        kvoffload.host_copy([src.ctypes.data], [base], [64], registry=registry)
+
+
 @pytest.mark.parametrize("view, bit", [(lambda t: t.conj(), "conj"), (lambda t: torch._neg_view(t), "neg")])
 def test_tensors_whose_memory_is_not_their_values_are_refused(view, bit):
     plain = torch.randn((8, 32), dtype=torch.complex64)

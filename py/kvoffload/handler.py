@@ -540,6 +540,10 @@ class OffloadHandler:
                 return
             self._collect()
             self._lanes.close()
+            # The registry never vouches for memory given back: a copy checked against it
+            # could land in whatever is mapped there next.
+            if "host pool" in {r.name for r in self.registry.regions}:
+                self.registry.unregister("host pool")
             self.pool.let_go()
             self.pool.release()
             self._closed = True
