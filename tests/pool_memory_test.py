@@ -122,3 +122,26 @@ def test_a_shared_pool_is_the_named_file():
     with open(f"/dev/shm/{name}", "rb") as f:
         assert f.read(10000) == memory.array.tobytes()
     assert memory.close() and not os.path.exists(f"/dev/shm/{name}")
+
+
+_UNDER_RLIMIT_AS = """
+import resource
+from kvoffload.pool_memory import PinnedMemoryError, PoolMemory
+vm_kib = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize"))
+limit = (vm_kib << 10) + (64 << 20)
+resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+try:
+    PoolMemory(1 << 30)
+    print("mapped")
+except PinnedMemoryError as e:
+    print("refused" if "1073741824 bytes" in str(e) and f"RLIMIT_AS, ulimit -v) is {limit} bytes" in str(e) else e)
+"""
+
+
+def test_a_pool_past_the_address_space_limit_names_its_size_and_the_limit():
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run([sys.executable, "-c", _UNDER_RLIMIT_AS], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["refused"], run.stdout

@@ -8,8 +8,10 @@ are unmapped (or freed) then, or when the last view a caller still holds goes.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import resource
 import warnings
 
 import numpy as np
@@ -27,6 +29,20 @@ _THP = "/sys/kernel/mm/transparent_hugepage/"
 
 class PinnedMemoryError(RuntimeError):
     """Host memory could not be had or page-locked; transfers would be slow or unsafe."""
+
+
+def _mapped(nbytes: int, fd: int = -1, flags: int = mmap.MAP_PRIVATE) -> mmap.mmap:
+    """mmap of the pool's ``nbytes``; where the kernel refuses the address space, an error
+    that names the pool's size and the process's address-space limit."""
+    try:
+        return mmap.mmap(fd, nbytes, flags=flags)
+    except OSError as e:
+        if e.errno != errno.ENOMEM:
+            raise
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        limit = "unlimited" if limit == resource.RLIM_INFINITY else f"{limit} bytes"
+        raise PinnedMemoryError(f"could not map the host pool's {nbytes} bytes ({e.strerror}); this "
+                                f"process's address-space limit (RLIMIT_AS, ulimit -v) is {limit}") from e
 
 
 def round_up(n: int, to: int) -> int:
@@ -114,13 +130,13 @@ class PoolMemory:
         self.mapped_bytes = round_up(self.nbytes, PAGE)
         if shm_name is None:
             require_available(self.mapped_bytes)
-            self._mmap = mmap.mmap(-1, self.mapped_bytes, flags=mmap.MAP_PRIVATE)
+            self._mmap = _mapped(self.mapped_bytes)
         else:
             self.shared_file = SharedFile(shm_name, self.mapped_bytes, shm_dir)
             try:
                 if self.shared_file.created:
                     require_available(self.mapped_bytes)
-                self._mmap = mmap.mmap(self.shared_file.fd, self.mapped_bytes, flags=mmap.MAP_SHARED)
+                self._mmap = _mapped(self.mapped_bytes, self.shared_file.fd, mmap.MAP_SHARED)
             except BaseException:
                 self.shared_file.close()
                 raise
