@@ -5,6 +5,7 @@ driven on CPU tensors (the handler's host lanes)."""
 import dataclasses
 import os
 import re
+import threading
 import time
 
 import numpy as np
@@ -170,6 +171,37 @@ def test_a_planted_file_vllm_would_wait_on_is_refused_before_vllm_opens_it(tmp_p
         assert os.stat(path).st_size == 0
     finally:
         os.unlink(path)
+
+
+@pytest.mark.parametrize("grows", [False, True], ids=["a crashed engine's smaller file", "a file being sized"])
+def test_a_smaller_region_file_is_refused_unless_its_creator_sizes_it(tmp_path, monkeypatch, grows):
+    from kvoffload.vllm import tiering
+    monkeypatch.setattr(tiering, "STALE_SECONDS", 0.3 if not grows else 3.0)
+    spec = OffloadingSpecFactory.create_spec(config(extra(tmp_path)))
+    path, size = region_path(spec), spec.num_chunks * spec.kv_bytes_per_chunk
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.ftruncate(fd, 4096)
+    sizer = threading.Timer(0.1, os.ftruncate, (fd, size)) if grows else None
+    try:
+        cache = VllmCache(np.random.default_rng(0), ROWS, REFS, NUM_BLOCKS)
+        if sizer is None:
+            started = time.monotonic()
+            with pytest.raises(PermissionError, match=rf"{re.escape(path)} holds 4096 bytes, fewer than the "
+                                                      rf"{size} of this engine's region, and has not grown"):
+                spec.get_worker(cache.kv_caches)
+            assert time.monotonic() - started < 5 and os.fstat(fd).st_size == 4096
+        else:
+            sizer.start()
+            worker = spec.get_worker(cache.kv_caches)  # joins the file its creator sized
+            assert worker.submit_store(1, GPULoadStoreSpec([0, 1], [2], [0]), CPULoadStoreSpec([3]))
+            worker.wait({1})
+            worker.shutdown()
+    finally:
+        if sizer is not None:
+            sizer.join()
+        os.close(fd)
+        if os.path.exists(path):
+            os.unlink(path)
 
 
 def test_an_interrupted_shutdown_keeps_the_region_for_the_jobs_and_a_second_one_releases_it(tmp_path, monkeypatch):

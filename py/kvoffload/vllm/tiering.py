@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
@@ -41,7 +42,8 @@ class KVOffloadTieringSpec(TieringOffloadingSpec):
                 f"{self.blocks_per_chunk}")
         options = handler_options(self.extra_config)
         rank = 0 if self.replicated_layout else self.config.parallel.rank
-        _refuse_planted(f"/dev/shm/vllm_offload_{self._engine_id}.mmap")  # as SharedOffloadRegion names it
+        _refuse_planted(f"/dev/shm/vllm_offload_{self._engine_id}.mmap",  # as SharedOffloadRegion names it
+                        self.num_chunks * self.kv_bytes_per_chunk)
         region = SharedOffloadRegion(
             engine_id=self._engine_id,
             num_chunks=self.num_chunks,
@@ -76,9 +78,15 @@ def _refusal(path: str, why: str) -> PermissionError:
                                         "or give the engine an unguessable kv_transfer_config engine_id)", path)
 
 
-def _refuse_planted(path: str) -> None:
-    """Before vLLM opens it: a planted file that never grows would hold vLLM's join for
-    its 30 s timeout, and a FIFO or directory fail it with errors that name no cause."""
+# A region's creator sizes its file right after making it: one that stays smaller than
+# the region this long after it was made or changed is a crashed engine's leftover.
+STALE_SECONDS = 5.0
+
+
+def _refuse_planted(path: str, region_bytes: int) -> None:
+    """Before vLLM opens it: a planted file, or a smaller one a crashed engine left, would
+    hold vLLM's join for its 30 s timeout, and a FIFO or directory fail it with errors
+    that name no cause."""
     try:
         found = os.lstat(path)
     except FileNotFoundError:
@@ -87,6 +95,15 @@ def _refuse_planted(path: str) -> None:
     why = _LINKED if linked else planted(found)
     if why is not None:
         raise _refusal(path, why)
+    while found.st_size < region_bytes and time.time() < found.st_ctime + STALE_SECONDS:
+        time.sleep(0.01)  # its creator may be sizing it now
+        try:
+            found = os.lstat(path)
+        except FileNotFoundError:
+            return
+    if found.st_size < region_bytes:
+        raise _refusal(path, f"holds {found.st_size} bytes, fewer than the {region_bytes} of this engine's "
+                              f"region, and has not grown for {STALE_SECONDS:g} s (a crashed engine's leftover)")
 
 
 def _require_private(region: SharedOffloadRegion) -> None:
