@@ -53,7 +53,7 @@ int64_t Address(const BlockTensorAt& t, int64_t block) {
 std::set<std::string> Reference(const BlockTensorAt& src, const BlockTensorAt& dst,
                                 const Mapping& m) {
   const int64_t bytes = src.geometry.block_bytes;
-  const size_t rows = bytes == 0 ? 0 : m.size() / 2;
+  const size_t rows = m.size() / 2;  // all checked; zero-byte blocks copy nothing
   std::set<int64_t> written;
   for (size_t i = 0; i < rows; ++i) {
     const int64_t s = m[2 * i], d = m[2 * i + 1];
@@ -71,9 +71,10 @@ std::set<std::string> Reference(const BlockTensorAt& src, const BlockTensorAt& d
   }
   std::set<std::string> shared;
   std::string copies;
-  for (size_t i = 0; i < rows; ++i) {
+  const size_t moved = bytes == 0 ? 0 : rows;
+  for (size_t i = 0; i < moved; ++i) {
     const int64_t to = Address(dst, m[2 * i + 1]);
-    for (size_t j = 0; j < rows; ++j) {
+    for (size_t j = 0; j < moved; ++j) {
       const int64_t from = Address(src, m[2 * j]);
       if (from < to + bytes && to < from + bytes) {
         shared.insert(Row(i, 1) + "destination block shares memory with the source block of " +
@@ -152,8 +153,22 @@ void TestEdges() {
   // The first row at fault is named, whatever its fault.
   EXPECT(Map(src, dst, {0, 2, 1, 2, 9, 0}) ==
          "block_mapping[1, 1]: destination block 2 is written twice");
-  // Empty blocks: nothing to copy, so nothing to check.
-  EXPECT(Map(Tensor(4, 0, 0, 1000), Tensor(3, 0, 0, 5000), {9, 9, 1, 1}) == "");
+  // Empty blocks: nothing to copy, but the mapping is checked as any other.
+  EXPECT(Map(Tensor(4, 0, 0, 1000), Tensor(3, 0, 0, 5000), {1, 1, 2, 0}) == "");
+  EXPECT(Map(Tensor(4, 0, 0, 1000), Tensor(3, 0, 0, 5000), {1, 1, 9, 9}) ==
+         "block_mapping[1, 0]: source block 9 is out of range for src with 4 blocks");
+  EXPECT(Map(Tensor(4, 0, 0, 1000), Tensor(3, 0, 0, 5000), {1, 1, 2, 1}) ==
+         "block_mapping[1, 1]: destination block 1 is written twice");
+  // Few rows over very many destination blocks: checked without a bit per block (2^40
+  // blocks would be 128 GiB of bits), the first row written twice named.
+  const BlockTensorAt vast = Tensor(int64_t{1} << 40, 8, 8, 5000);
+  EXPECT(Map(src, vast, {0, 7, 1, int64_t{1} << 39, 2, 3, 3, 7}) ==
+         "block_mapping[3, 1]: destination block 7 is written twice");
+  EXPECT(Map(src, vast, {0, 7, 1, 7, 9, 0}) == "block_mapping[1, 1]: destination block 7 is written twice");
+  EXPECT(Map(src, vast, {0, 7, 9, 3, 1, 7}) ==
+         "block_mapping[1, 0]: source block 9 is out of range for src with 4 blocks");
+  EXPECT(Map(Tensor(4, 0, 0, 1000), Tensor(int64_t{1} << 40, 0, 0, 5000), {0, 5, 1, 9, 2, 5, 3, 9}) ==
+         "block_mapping[2, 1]: destination block 5 is written twice");
   // Views of one buffer: blocks that touch are fine, one shared byte is not; a source
   // block read twice is fine.
   const BlockTensorAt low = Tensor(4, 8, 8, 1000), high = Tensor(4, 8, 8, 1016);
