@@ -4,6 +4,7 @@ spec, its worker driven by vLLM's scheduler-side manager and by vLLM's connector
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -56,16 +57,39 @@ def test_the_factory_selects_the_spec_and_vllm_sizes_the_pool():
     worker.shutdown()
 
 
-def ranks_in_one_process(monkeypatch):
-    """Ranks made in this process share a pool name as a TP group would: rank 0's."""
+def ranks_in_one_process(monkeypatch, ranks=2):
+    """Ranks made in this process share a pool name as a TP group would (rank 0's) and wait
+    for each other as its barrier does: make their workers together (in_threads)."""
     names = []
+    barrier = threading.Barrier(ranks, timeout=60)
 
     def share(spec, name):
         names.append(name)
         return names[0]
 
     monkeypatch.setattr(KVOffloadSpec, "_share_pool_name", share)
+    monkeypatch.setattr(KVOffloadSpec, "_ranks_attached", lambda spec: barrier.wait())
     return names
+
+
+def in_threads(calls):
+    """Each call on a thread of its own, together; their results in order."""
+    results, errors = [None] * len(calls), []
+
+    def run(i):
+        try:
+            results[i] = calls[i]()
+        except BaseException as e:  # noqa: BLE001 - raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
 def test_replicated_layout_shares_one_pool_rank_0_stores_every_rank_loads(monkeypatch):
@@ -83,11 +107,12 @@ def test_replicated_layout_shares_one_pool_rank_0_stores_every_rank_loads(monkey
 
     rng = np.random.default_rng(4)
     caches = [VllmCache(rng, ROWS, REFS, num_blocks=32) for _ in ranks]
-    workers = [spec.get_worker(cache.kv_caches) for spec, cache in zip(ranks, caches)]
+    workers = in_threads([lambda s=spec, c=cache: s.get_worker(c.kv_caches) for spec, cache in zip(ranks, caches)])
     # Both ranks attached to rank 0's name: the engine's name and a secret no one can guess.
     assert len(names) == 2 and names[0] != names[1] and all(n.startswith(name + "-") for n in names)
     name = names[0]
-    assert os.path.exists(f"/dev/shm/{name}")
+    # Once both had mapped it the file lost its name: a killed engine leaves nothing behind.
+    assert not os.path.exists(f"/dev/shm/{name}")
     assert workers[0].handler.pool.base != workers[1].handler.pool.base  # two mappings of one file
     src, dst = np.split(rng.permutation(32)[:16], 2)
     chunks = rng.permutation(ranks[0].num_chunks)[:4].tolist()
@@ -207,8 +232,7 @@ def test_vllm_connector_flushes_a_preemption_on_every_rank_of_a_replicated_layou
     caches = [VllmCache(rng, ROWS, REFS, num_blocks=32) for _ in ranks]
     connectors = [OffloadingConnectorWorker(spec, None, None) for spec in ranks]
     assert [c._is_store_writer for c in connectors] == [True, False]
-    for connector, cache in zip(connectors, caches):
-        connector._init_worker(cache.kv_caches)
+    in_threads([lambda c=connector, k=cache: c._init_worker(k.kv_caches) for connector, cache in zip(connectors, caches)])
     blocks = rng.permutation(32)
     chunks = rng.permutation(ranks[0].num_chunks)[:4].tolist()
     stores = {10: TransferJob("r0", GPULoadStoreSpec(blocks[0:4].tolist(), [4], [0]), CPULoadStoreSpec(chunks[:2])),

@@ -200,6 +200,18 @@ class SharedFile:
         mine = os.fstat(fd)
         return (on_disk.st_dev, on_disk.st_ino) == (mine.st_dev, mine.st_ino)
 
+    def unlink(self) -> bool:
+        """Removes the file's name, if it is still this file's, once every process that
+        shares it has mapped it: the mappings stay, and a process that dies leaves nothing
+        in the directory. Returns whether it removed it."""
+        if self.fd < 0 or not self._is_linked(self.fd):
+            return False
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            return False
+        return True
+
     def close(self) -> bool:
         """Leaves the file, removing it if no other process is attached. Idempotent. In a
         forked child only closes the child's descriptor: the lock is the parent's."""

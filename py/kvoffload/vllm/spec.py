@@ -92,16 +92,32 @@ class KVOffloadSpec(CPUOffloadingSpec):
     def create_worker(self, kv_caches) -> KVOffloadWorker:
         require_chunks(self)
         options = handler_options(self.extra_config)
-        if self.replicated_layout:
-            name = unguessable_name(shared_pool_name(self.config.engine_id), share=self._share_pool_name)
-            options["host_pool"] = PoolOptions(shm_name=name)
-        return KVOffloadWorker(kv_caches, self.blocks_per_chunk, self.num_chunks, **options)
+        if not self.replicated_layout:
+            return KVOffloadWorker(kv_caches, self.blocks_per_chunk, self.num_chunks, **options)
+        name = unguessable_name(shared_pool_name(self.config.engine_id), share=self._share_pool_name)
+        options["host_pool"] = PoolOptions(shm_name=name)
+        worker = KVOffloadWorker(kv_caches, self.blocks_per_chunk, self.num_chunks, **options)
+        try:
+            # Once every rank has mapped it, the file needs no name: an engine that is
+            # killed then leaves nothing in /dev/shm (vLLM unlinks its region so too).
+            self._ranks_attached()
+            if self.config.parallel.rank == 0:
+                worker.handler.pool.memory.shared_file.unlink()
+        except BaseException:
+            worker.shutdown()
+            raise
+        return worker
 
     def _share_pool_name(self, name: str) -> str:
         """Rank 0's name, to every rank: vLLM takes the replicated layout only with tensor
         parallelism on one node, so the ranks that share the pool are the TP group."""
         from vllm.distributed.parallel_state import get_tp_group
         return get_tp_group().broadcast_object(name, src=0)
+
+    def _ranks_attached(self) -> None:
+        """Returns once every rank of the TP group has mapped the shared pool."""
+        from vllm.distributed.parallel_state import get_tp_group
+        get_tp_group().barrier()
 
     def get_worker(self, kv_caches) -> KVOffloadWorker:
         if self._worker is None:
