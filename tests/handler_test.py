@@ -626,6 +626,30 @@ def test_a_failed_store_fails_only_the_loads_of_its_bytes(gated_failure):
     handler.shutdown()
 
 
+def test_a_store_of_blocks_a_failed_load_was_writing_fails_naming_it(gated_failure):
+    rng = np.random.default_rng(26)
+    handler, model = make_handler(rng, [256], [2], num_blocks=16, num_chunks=8, bpc=2, cpu_layout="chunk_major")
+    run_job(handler, model, "first", "store", [8, 9, 10, 11], [4], [0], [4, 5])
+    arm, gate = gated_failure
+    gate.clear()
+    arm()
+    handler.load("bad load", CPUSpec([4, 5]), GPUSpec([0, 1, 2, 3], [4], [0]))
+    # Ordered after the load: it would store what the failed load left in blocks 2 and 3.
+    handler.store("stores its blocks", GPUSpec([2, 3], [2], [0]), CPUSpec([6]))
+    submit(handler, model, "other blocks", "store", [12, 13], [2], [0], [2])
+    gate.set()
+    handler.wait(["bad load", "stores its blocks", "other blocks"])
+    results = {r.job_id: r for r in handler.get_finished()}
+    assert {name for name, r in results.items() if not r.success} == {"bad load", "stores its blocks"}
+    assert "injected" in results["stores its blocks"].error
+    # Chunk 6 is partial: its loads fail rather than return what the failed load left.
+    handler.load("reads chunk 6", CPUSpec([6]), GPUSpec([14, 15], [2], [0]))
+    handler.wait("reads chunk 6")
+    (last,) = handler.get_finished()
+    assert not last.success and "left partial by failed store 'stores its blocks'" in last.error
+    handler.shutdown()
+
+
 def test_a_load_submitted_as_a_failed_store_ends_fails(gated_failure, monkeypatch):
     # The store ends (failed) after the load's submit collected finished jobs and before
     # it looked for the stores in flight: no longer in flight, not yet known to fail.

@@ -61,7 +61,7 @@ def test_waits_and_sources_match_a_model(seed):
                 if busy:
                     newest = max(busy, key=lambda h: h.seq)
                     latest = newest if latest is None or newest.seq > latest.seq else latest
-                    if side == "cpu" and other_writes:
+                    if other_writes and (side == "cpu") != writes_cpu:  # what this job reads
                         want_sources += busy
                 if side == "cpu" and other_writes and not writes_cpu:
                     want_failed |= {h for h in hit if h.done and h.error}

@@ -36,8 +36,9 @@ class LaneConflicts:
     def resolve(self, lane: str, writes_cpu: bool, keys) -> tuple[list, list]:
         """(waits, sources) of a job of ``lane`` that touches ``keys()`` (gpu, cpu): per
         other lane, the handle of its latest job in flight that touches the same bytes
-        where either writes them; and the handles of the jobs that last wrote the CPU
-        sub-blocks this job reads, when they are in flight or failed."""
+        where either writes them; and the handles of the jobs that write what this job
+        reads: for a load, the stores that last wrote its CPU sub-blocks, in flight or
+        failed; for a store, the loads in flight into its GPU blocks."""
         waits, sources = [], []
         for other, jobs in self._jobs.items():
             if other == lane:
@@ -58,7 +59,10 @@ class LaneConflicts:
                 seqs = self._accesses.touching(other, side, keys()[SIDES.index(side)], next(iter(jobs)))
                 if seqs.size:
                     latest = max(latest, int(seqs[-1]))
-                    if side == "cpu" and other_writes:
+                    # What the job reads, in flight in another lane: a load reads the
+                    # chunks a store writes, a store the blocks a load writes; it fails
+                    # if they do.
+                    if other_writes and (side == "cpu") != writes_cpu:
                         sources += [jobs[int(s)] for s in seqs]
             if latest:
                 waits.append(jobs[latest])
