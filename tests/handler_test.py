@@ -293,6 +293,20 @@ def test_gpu_tensors_that_are_not_groups_of_tensors_are_named(gpu_tensors, messa
         OffloadHandler(gpu_tensors, 4, 2)
 
 
+def test_a_dropped_handlers_finalizer_ends_its_lanes_through_a_ctrl_c():
+    class Lanes:  # a join that Ctrl-C interrupts once
+        closes = 0
+
+        def close(self):
+            Lanes.closes += 1
+            if Lanes.closes == 1:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        kvoffload.handler._close_quietly(Lanes())
+    assert Lanes.closes == 2  # the lanes ended before the interrupt went on
+
+
 def test_a_shut_down_handlers_registry_no_longer_vouches_for_its_pool():
     handler = OffloadHandler([[torch.zeros((8, 64), dtype=torch.uint8)]], 4, 2)
     base, registry = handler.pool.base, handler.registry

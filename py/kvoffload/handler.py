@@ -224,10 +224,20 @@ def _checked(registry, copy, **stream):
 
 
 def _close_quietly(lanes) -> None:
-    try:
-        lanes.close()
-    except Exception:  # noqa: BLE001 - at exit CUDA may be gone; nothing is left to report to
-        pass
+    """A dropped handler's finalizer: its lanes end before its pool can go. A Ctrl-C during
+    the join is held until they have (else the pool is unmapped under a running copy, and
+    at exit a joinable thread aborts the process), then raised."""
+    interrupted = None
+    while True:
+        try:
+            lanes.close()
+            break
+        except KeyboardInterrupt as e:
+            interrupted = e
+        except Exception:  # noqa: BLE001 - at exit CUDA may be gone; nothing is left to report to
+            break
+    if interrupted is not None:
+        raise interrupted
 
 
 class OffloadHandler:
