@@ -5,6 +5,7 @@ import functools
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -545,3 +546,44 @@ def test_one_bad_argument_gets_one_error_in_every_mode(rng, case):
         raised["MemoryRegistry.check_copies"] = (type(e.value), str(e.value))
     assert {mode: got for mode, got in raised.items() if got != (error, message)} == {}
     assert (dst == POISON).all()
+
+
+def _read_only_file(tmp_path, nbytes=1 << 16):
+    path = tmp_path / "kv.bin"
+    path.write_bytes(bytes([0x5A]) * nbytes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's: the array is not writable
+        return path, torch.from_numpy(np.memmap(path, mode="r", dtype=np.uint8))
+
+
+def test_copy_blocks_refuses_a_destination_over_read_only_memory(tmp_path, rng):
+    path, read_only = _read_only_file(tmp_path)
+    src = torch.from_numpy(rng.integers(0, 256, (8, 64), dtype=np.uint8))
+    with pytest.raises(ValueError, match=r"^dst: bytes \[0x[0-9a-f]+, 0x[0-9a-f]+\) are not writable memory"):
+        kv.copy_blocks(src, read_only[:512].view(8, 64), torch.tensor([[0, 1]]))
+    # numpy marks a memmap read-only (refused as DLPack); torch's view of it is not marked.
+    with pytest.raises(ValueError, match=r"^dst: bytes \[0x[0-9a-f]+, 0x[0-9a-f]+\) are not writable memory"):
+        kv.copy_blocks(src.numpy(), read_only.numpy()[:512].reshape(8, 64), np.array([[0, 1]]))
+    with pytest.raises(TypeError, match=r"^dst: expected a writable DLPack tensor"):
+        kv.copy_blocks(src.numpy(), np.memmap(path, mode="r", dtype=np.uint8)[:512].reshape(8, 64),
+                       np.array([[0, 1]]))
+    # As a source it serves.
+    dst = torch.zeros(8, 64, dtype=torch.uint8)
+    kv.copy_blocks(read_only[:512].view(8, 64), dst, torch.tensor([[0, 3]]))
+    assert (dst[3] == 0x5A).all() and (dst[[0, 1, 2, 4, 5, 6, 7]] == 0).all()
+    assert path.read_bytes() == bytes([0x5A]) * (1 << 16)
+
+
+def test_host_copy_refuses_a_registered_destination_over_read_only_memory(tmp_path, rng):
+    path, read_only = _read_only_file(tmp_path)
+    src = random_bytes(rng, 4096)
+    registry = kv.MemoryRegistry()
+    registry.register_tensor("file", read_only)
+    registry.register("src", src.ctypes.data, src.nbytes, "host")
+    with pytest.raises(ValueError, match=r"^dst\[1\]: \[0x[0-9a-f]+, 0x[0-9a-f]+\) lies in file, read-only memory"):
+        kv.host_copy([src.ctypes.data] * 2, [src.ctypes.data + 2048, read_only.data_ptr() + 64], [64, 64],
+                     registry=registry)
+    out = poisoned(64)
+    registry.register("out", out.ctypes.data, out.nbytes, "host")
+    kv.host_copy([read_only.data_ptr()], [out.ctypes.data], [64], registry=registry)  # read: fine
+    assert (out == 0x5A).all() and path.read_bytes() == bytes([0x5A]) * (1 << 16)

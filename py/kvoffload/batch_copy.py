@@ -15,8 +15,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence, Union
 
+import numpy as np
+
 from kvoffload import _C
-from kvoffload.registry import require_registry
+from kvoffload.host_writable import require_writable
+from kvoffload.registry import require_registry, tensor_span
 from kvoffload.vocabulary import Direction, MemoryKind
 
 CudaError = _C.CudaError
@@ -162,7 +165,31 @@ def copy_blocks(
         for bit, resolve in (("is_conj", "resolve_conj"), ("is_neg", "resolve_neg")):
             if getattr(tensor, bit, lambda: False)():
                 raise ValueError(f"{name}: has its {bit[3:]} bit set; call {resolve}() first")
+    _require_writable_host(dst)
     return _C.copy_blocks(src, dst, block_mapping, stream, order, _max_copies_per_call)
+
+
+def _require_writable_host(dst) -> None:
+    """A host ``dst`` (torch or numpy) over read-only memory is refused by name: a copy
+    writing it would fault."""
+    if isinstance(dst, np.ndarray):
+        if not dst.flags.writeable:
+            return  # _C.copy_blocks refuses it: a DLPack tensor marked read-only
+        low, high = _byte_bounds(dst)
+        span = (low, high - low)
+    elif hasattr(dst, "data_ptr") and getattr(dst, "device", None) is not None and dst.device.type == "cpu":
+        try:
+            span = tensor_span(dst)
+        except ValueError:
+            return  # _C.copy_blocks names what is wrong with it
+    else:
+        return
+    require_writable([("dst", *span)])
+
+
+def _byte_bounds(array: np.ndarray) -> tuple[int, int]:
+    bounds = getattr(np, "byte_bounds", None) or np.lib.array_utils.byte_bounds
+    return bounds(array)
 
 
 def stream_device(stream: Stream) -> int:

@@ -22,6 +22,16 @@ def require_writable(spans: Iterable[tuple[str, int, int]]) -> None:
                              "process (a read-only mapping?); a job writing them would fault")
 
 
+def is_writable(address: int, nbytes: int) -> bool:
+    """Whether [address, address + nbytes) lies in writable mappings of this process
+    (True where /proc cannot be read)."""
+    maps = _mappings()
+    if maps is None or _first_unwritable(maps, address, nbytes) is None:
+        return True
+    maps = _mappings() or []  # read again: lines may be missed while mappings change
+    return _first_unwritable(maps, address, nbytes) is None
+
+
 def _mappings() -> list[tuple[int, int, bool]] | None:
     """(first address, end, writable) of every mapping, in address order."""
     try:

@@ -25,6 +25,7 @@ import dataclasses
 import numpy as np
 
 from kvoffload import _C
+from kvoffload.host_writable import is_writable
 from kvoffload.ints import require_int
 from kvoffload.vocabulary import MemoryKind
 
@@ -50,6 +51,7 @@ class Region:
     kind: MemoryKind
     device: int | None = None  # the CUDA device of device memory
     owner: object = dataclasses.field(default=None, repr=False, compare=False)  # kept alive
+    writable: bool = True  # host memory in read-only mappings may be read, never written
 
     @property
     def end(self) -> int:
@@ -150,7 +152,8 @@ class MemoryRegistry:
             if (other.kind, other.device) != (kind, device):
                 where = f"{other.kind} memory" + (f" of device {other.device}" if other.device is not None else "")
                 raise ValueError(f"{name}: overlaps {other.name}, registered as {where}")
-        self._regions = self._regions + [Region(name, start, nbytes, kind, device, owner)]
+        writable = kind != MemoryKind.HOST or is_writable(start, nbytes)
+        self._regions = self._regions + [Region(name, start, nbytes, kind, device, owner, writable)]
         self._index = {}
 
     def register_tensor(self, name: str, tensor) -> None:
@@ -233,10 +236,21 @@ class MemoryRegistry:
 
     def check_copies(self, src, dst, sizes, src_kind: MemoryKind | str | None = None,
                      dst_kind: MemoryKind | str | None = None) -> None:
-        """Checks both ends of every copy; the error names ``src[i]`` or ``dst[i]``."""
+        """Checks both ends of every copy; the error names ``src[i]`` or ``dst[i]``. No
+        destination may lie in read-only memory: the copy would fault."""
         self.check_tensors()
         self._check(src, sizes, src_kind, "src")
         self._check(dst, sizes, dst_kind, "dst")
+        read_only = [r for r in self._regions if not r.writable]
+        if not read_only:
+            return
+        dst, sizes = _int64_array(dst, "dst"), _int64_array(sizes, "sizes")
+        hits = [(int(hit[0]), r) for r in read_only
+                if (hit := np.flatnonzero((dst < r.end) & (dst + sizes > r.start))).size]
+        if hits:
+            i, r = min(hits, key=lambda h: h[0])
+            raise ValueError(f"dst[{i}]: [{int(dst[i]):#x}, {int(dst[i] + sizes[i]):#x}) lies in {r.name}, "
+                             "read-only memory; a copy writing it would fault")
 
 
 def require_registry(registry) -> MemoryRegistry | None:
