@@ -231,3 +231,24 @@ def interrupt_first_wait(monkeypatch, handler) -> None:
         return real(handle)
 
     monkeypatch.setattr(handler._lanes, "wait", interrupted)
+
+
+def check_cache(cache, gpu_buffers) -> None:
+    """A page copy test's cache (its layout, pinned ``pool`` and ``gpu`` tensors of rows
+    padded past ``pages[g]``, their first ``rows``, and its KVModel ``model``) holds what
+    the model says: the pool's chunks, the GPU pages, padding never written, and every
+    canary of the pool and of ``gpu_buffers`` intact."""
+    torch.cuda.synchronize()
+    pool = cache.pool.tensor.numpy()
+    for g, group in enumerate(cache.layout.groups):
+        for t, tensor in enumerate(group.tensors):
+            view = np.lib.stride_tricks.as_strided(
+                pool[tensor.cpu_base - cache.pool.tensor.data_ptr():],
+                shape=(group.num_cpu_chunks, cache.bpc, tensor.page_bytes),
+                strides=(tensor.cpu_stride, tensor.page_bytes, 1))
+            np.testing.assert_array_equal(view, cache.model.cpu[g][t], f"cpu {g} {t}")
+            rows = cache.gpu[g][t].cpu().numpy()
+            np.testing.assert_array_equal(rows[:, :cache.pages[g]], cache.model.gpu[g][t], f"gpu {g} {t}")
+            np.testing.assert_array_equal(rows[:, cache.pages[g]:], cache.rows[g][t][:, cache.pages[g]:])
+    assert cache.pool.canaries_intact()
+    assert all(b.canaries_intact() for b in gpu_buffers)

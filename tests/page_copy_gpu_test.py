@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 import kvoffload as kv
 from canary import TorchGuardedBuffer
-from kv_model import POISON, KVModel
+from kv_model import POISON, KVModel, check_cache
 from kvoffload.pool_layout import kv_layout, pool_bytes
 from kvoffload import _C
 from kvoffload.page_table import UNIT_BYTES, page_table
@@ -47,21 +47,7 @@ class Cache:
                              [chunks] * len(pages), bpc)
 
     def check(self):
-        torch.cuda.synchronize()
-        pool = self.pool.tensor.numpy()
-        for g, group in enumerate(self.layout.groups):
-            for t, tensor in enumerate(group.tensors):
-                view = np.lib.stride_tricks.as_strided(
-                    pool[tensor.cpu_base - self.pool.tensor.data_ptr():],
-                    shape=(group.num_cpu_chunks, self.bpc, tensor.page_bytes),
-                    strides=(tensor.cpu_stride, tensor.page_bytes, 1))
-                np.testing.assert_array_equal(view, self.model.cpu[g][t], f"cpu {g} {t}")
-                rows = self.gpu[g][t].cpu().numpy()
-                np.testing.assert_array_equal(rows[:, : self.pages[g]], self.model.gpu[g][t])
-                # Padding past the page is never written.
-                np.testing.assert_array_equal(rows[:, self.pages[g]:], self.rows[g][t][:, self.pages[g]:])
-        assert self.pool.canaries_intact()
-        assert all(b.canaries_intact() for group in self.gpu_buffers for b in group)
+        check_cache(self, [b for group in self.gpu_buffers for b in group])
 
 
 def random_job(rng, cache, chunks):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from canary import TorchGuardedBuffer
-from kv_model import POISON, KVModel
+from kv_model import POISON, KVModel, check_cache
 from kvoffload import _C
 from kvoffload.page_table import page_table
 from kvoffload.planner import chunks_used
@@ -51,20 +51,7 @@ class OneAllocation:
                              [chunks] * len(pages), bpc)
 
     def check(self):
-        torch.cuda.synchronize()
-        pool = self.pool.tensor.numpy()
-        for g, group in enumerate(self.layout.groups):
-            for t, tensor in enumerate(group.tensors):
-                view = np.lib.stride_tricks.as_strided(
-                    pool[tensor.cpu_base - self.pool.tensor.data_ptr():],
-                    shape=(group.num_cpu_chunks, self.bpc, tensor.page_bytes),
-                    strides=(tensor.cpu_stride, tensor.page_bytes, 1))
-                np.testing.assert_array_equal(view, self.model.cpu[g][t], f"cpu {g} {t}")
-                rows = self.gpu[g][t].cpu().numpy()
-                np.testing.assert_array_equal(rows[:, :self.pages[g]], self.model.gpu[g][t], f"gpu {g} {t}")
-                np.testing.assert_array_equal(rows[:, self.pages[g]:], self.rows[g][t][:, self.pages[g]:])
-        assert self.pool.canaries_intact()
-        assert all(b.canaries_intact() for b in self.buffers)
+        check_cache(self, self.buffers)
 
 
 def pool_ids(rng, count, n):
