@@ -308,3 +308,47 @@ def test_page_jobs_run_the_paths_their_pool_was_laid_out_for(monkeypatch):
     assert jobs.paths == choice.paths and set(jobs.methods.values()) == {"pages_staged"}
     with pytest.raises(ValueError, match="choice: a page method on a GPU"):
         job_methods.job_method(method, torch.device("cuda", 0), layout(4 << 10), _Spanless(), None, None)
+
+
+class _Rows(_Spanless):
+    """A page table that answers, per group, whether it moves blocks as 2D copies."""
+
+    def __init__(self, rows):
+        self._rows = rows
+
+    def rows(self, device):
+        return self._rows
+
+
+def _one_allocation(page, tensors=4, blocks=16):
+    backing = torch.zeros(tensors * blocks * page, dtype=torch.uint8)
+    return [[backing[i * blocks * page:(i + 1) * blocks * page].view(blocks, page) for i in range(tensors)]]
+
+
+@pytest.mark.parametrize("page, by_rows, expected", [
+    (4 << 10, True, "chunk_major"),   # rows take small pages to DMA; a chunk's rows back to back
+    (64 << 10, False, "per_tensor"),  # DMA anyway: rows change nothing
+])
+def test_a_choice_that_rests_on_rows_lays_the_pool_out_chunk_by_chunk(monkeypatch, page, by_rows, expected):
+    monkeypatch.setattr(job_methods, "batch_entry_point_version", lambda: 1)
+    choice = job_methods.page_choice(kv.Pages(), torch.device("cuda", 0), pages(page), _one_allocation(page))
+    assert choice.paths == {d: DMA for d in Direction} and choice.by_rows == by_rows
+    assert job_methods.cpu_layout_for(choice, True) == expected
+    apart = [[torch.zeros(16, page, dtype=torch.uint8) for _ in range(4)]]
+    assert not job_methods.page_choice(kv.Pages(), torch.device("cuda", 0), pages(page), apart).by_rows
+    assert not job_methods.page_choice(kv.Pages(strided=False), torch.device("cuda", 0), pages(page),
+                                       _one_allocation(page)).by_rows
+
+
+def test_page_jobs_take_the_ring_where_the_driver_refuses_the_rows_the_choice_rested_on(monkeypatch):
+    monkeypatch.setattr(job_methods, "batch_entry_point_version", lambda: 1)
+    choice = job_methods.page_choice(kv.Pages(), torch.device("cuda", 0), pages(4 << 10), _one_allocation(4 << 10))
+    refused = _Rows([(False, "the GPU tensors are not one allocation", 4, 0, 0)])
+    jobs = job_methods.PageJobs(kv.Pages(), layout(4 << 10), refused, None, choice, 0)
+    assert set(jobs.methods.values()) == {"pages_staged"}
+    assert "not rows the driver copies in 2D (group 0: the GPU tensors are not one allocation)" in jobs.reasons["load"]
+    taken = _Rows([(True, "", 4, 64 << 12, 64 << 12)])
+    jobs = job_methods.PageJobs(kv.Pages(), layout(4 << 10), taken, None, choice, 0)
+    assert set(jobs.methods.values()) == {"pages_dma"}
+    assert jobs.reasons["store"] == ("built-in choice: every group's tensors are rows of one allocation; "
+                                     "DMA by 2D copies, a row per tensor, for group [0]")

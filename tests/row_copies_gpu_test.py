@@ -3,6 +3,8 @@ LBHNC) move a block, or a run of blocks, per 2D copy. Against the per-block mode
 random jobs with runs of consecutive ids, host breaks and padding; outputs poisoned
 first, every buffer between canaries."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,7 @@ from scale import scaled
 LOAD, STORE = _C.Direction.LOAD, _C.Direction.STORE
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+EXPANDABLE = "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
 
 
 class OneAllocation:
@@ -92,7 +95,8 @@ def test_one_allocation_moves_as_the_model_says(seed):
     rows = table.rows(torch.cuda.current_device())
     for group, (strided, why_not, n, gpu_pitch, host_pitch) in zip(cache.layout.groups, rows):
         assert n == len(group.tensors)
-        assert strided == (n >= 2), why_not
+        # Under expandable segments the driver's range is one mapped handle: refused, by name.
+        assert strided == (n >= 2) or (EXPANDABLE and why_not == "the GPU tensors are not one allocation"), why_not
     stream = torch.cuda.Stream()
     for step in range(6):
         ids, chunk_ids, sizes, firsts = random_job(rng, cache, chunks, runs=step % 3 != 0)
@@ -104,11 +108,13 @@ def test_one_allocation_moves_as_the_model_says(seed):
         cache.check()
 
 
+@pytest.mark.skipif(EXPANDABLE, reason="under expandable segments the driver refuses rows")
 def test_runs_of_blocks_go_as_one_copy_and_separate_allocations_go_per_page():
     rng = np.random.default_rng(7)
-    cache = OneAllocation(rng, [8192], [6], 32, 32, 1, "per_tensor", padding=0)
+    # 40 chunks over 32 blocks: the host pitch is not the GPU's, so swapped pitches show.
+    cache = OneAllocation(rng, [8192], [6], 32, 40, 1, "per_tensor", padding=0)
     table = page_table(cache.layout)
-    assert table.rows(torch.cuda.current_device())[0][0]
+    assert table.rows(torch.cuda.current_device())[0] == (True, "", 6, 32 * 8192, 40 * 8192)
     stream = torch.cuda.Stream()
     ids, chunk_ids = np.arange(4, 20, dtype=np.int64), np.arange(8, 24, dtype=np.int64)
     result = table.copy(ids, chunk_ids, [16], [0], direction=STORE, stream=stream, path=_C.PagePath.DMA)
@@ -122,12 +128,11 @@ def test_runs_of_blocks_go_as_one_copy_and_separate_allocations_go_per_page():
     assert (result.path, result.copies) == ("batch", 6)
     cache.check()
 
-    # Layers over 10 MiB each: the caching allocator gives each a cudaMalloc of its own.
-    torch.cuda.empty_cache()
+    # Layers of 12 MiB apiece, each its own buffer: whether the caching allocator places
+    # them apart, backwards or in separate cudaMallocs, they are no rows of one copy.
     apart = OneAllocation(rng, [8192], [3], 1536, 16, 1, "per_tensor", padding=0, separate=True)
     rows = page_table(apart.layout).rows(torch.cuda.current_device())
-    assert rows[0][:2] in [(False, "the GPU tensors are not one allocation"),
-                           (False, "tensors are not a constant distance apart")]
+    assert not rows[0][0] and rows[0][1], rows
     result = page_table(apart.layout).copy(np.arange(4), np.arange(4), [4], [0], direction=STORE, stream=stream,
                                            path=_C.PagePath.DMA)
     apart.model.store(np.arange(4), [4], [0], np.arange(4))

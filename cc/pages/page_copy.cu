@@ -131,10 +131,20 @@ int64_t EnqueueRows(const DevicePageTable& table, const RowCopies& copies, Direc
     const bool store = direction == Direction::kStore;
     const int64_t src = store ? copies.gpu[i] : copies.host[i];
     const int64_t dst = store ? copies.host[i] : copies.gpu[i];
-    CheckCuda(cudaMemcpy2DAsync(reinterpret_cast<void*>(dst), store ? r.host_pitch : r.gpu_pitch,
-                                reinterpret_cast<const void*>(src), store ? r.gpu_pitch : r.host_pitch,
-                                copies.width[i], r.rows, cudaMemcpyDefault, stream),
-              "cudaMemcpy2DAsync", static_cast<int64_t>(i));
+    const cudaError_t status =
+        cudaMemcpy2DAsync(reinterpret_cast<void*>(dst), store ? r.host_pitch : r.gpu_pitch,
+                          reinterpret_cast<const void*>(src), store ? r.gpu_pitch : r.host_pitch,
+                          copies.width[i], r.rows, cudaMemcpyDefault, stream);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      throw CudaError("cudaMemcpy2DAsync", cudaGetErrorName(status), status, -1,
+                      "row copy " + std::to_string(i) + " of group " + std::to_string(copies.group[i]) +
+                          " (" + std::to_string(copies.width[i]) + " bytes x " + std::to_string(r.rows) +
+                          " rows, GPU pitch " + std::to_string(r.gpu_pitch) + ", host pitch " +
+                          std::to_string(r.host_pitch) + "): " + cudaGetErrorString(status) +
+                          "; the job's other DMA and row copies 0-" + std::to_string(i) +
+                          " before it were enqueued");
+    }
   }
   return static_cast<int64_t>(copies.gpu.size());
 }
@@ -158,7 +168,9 @@ CopyResult DmaPageCopy(const DevicePageTable& table, const PageJob& job, Directi
   thread_local std::vector<uint8_t> order;
   const bool strided = options.strided && AnyStrided(table);
   if (strided) {
-    row_pages = PageDma{};
+    row_pages.gpu.clear();
+    row_pages.host.clear();
+    row_pages.size.clear();
     BuildRowCopies(layout, table.rows(), job.block_ids, segments, direction, rows, row_pages, rest);
     BuildPageDma(layout, job.block_ids, rest, direction, dma);
     dma.gpu.insert(dma.gpu.end(), row_pages.gpu.begin(), row_pages.gpu.end());
@@ -186,9 +198,10 @@ CopyResult DmaPageCopy(const DevicePageTable& table, const PageJob& job, Directi
   return result;
 }
 
-// Whether each group's tensors are rows of one copy: by their addresses, then by the
-// driver's word that every row lies in one GPU allocation and, where it knows the host
-// memory's range, one host allocation.
+// Whether each group's tensors are rows of one copy: by their addresses, the device's
+// largest pitch, and the driver's word that every row lies in one GPU allocation (under
+// PyTorch's expandable segments a range is one mapped handle: refused). The host side
+// needs no check: BuildRowCopies cuts copies at the pool's registration edges.
 std::vector<GroupRows> RowsOf(const PageLayout& layout, int device) {
   int max_pitch = 0;
   CheckCuda(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, device),
@@ -209,15 +222,6 @@ std::vector<GroupRows> RowsOf(const PageLayout& layout, int device) {
       if (a.range_size <= 0 || a.range_start > begin || a.range_start + a.range_size < end) {
         r.strided = false;
         r.why_not = "the GPU tensors are not one allocation";
-      }
-    }
-    if (r.strided && layout.cpu_chunks(g) > 0) {
-      const int64_t begin = layout.refs()[first].cpu_base;
-      const int64_t end = layout.refs()[last].cpu_base + layout.cpu_span(last);
-      const PointerAttributes a = AskDriver(begin);
-      if (a.range_size > 0 && (a.range_start > begin || a.range_start + a.range_size < end)) {
-        r.strided = false;
-        r.why_not = "the host tensors are not one allocation";
       }
     }
     rows.push_back(std::move(r));

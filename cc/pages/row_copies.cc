@@ -12,7 +12,7 @@ GroupRows GroupRowsOf(const PageLayout& layout, int64_t g) {
   const int64_t first = layout.first_ref(g), end = layout.end_ref(g);
   out.rows = end - first;
   if (out.rows < 2) {
-    out.why_not = "one tensor";
+    out.why_not = out.rows == 0 ? "no tensors" : "one tensor";
     return out;
   }
   const TensorRef& a = layout.refs()[first];
@@ -54,7 +54,10 @@ void BuildRowCopies(const PageLayout& layout, const std::vector<GroupRows>& rows
                     const int64_t* block_ids, const std::vector<Segment>& segments,
                     Direction direction, RowCopies& out, PageDma& pages,
                     std::vector<Segment>& rest) {
-  out = RowCopies{};
+  out.gpu.clear();
+  out.host.clear();
+  out.width.clear();
+  out.group.clear();
   rest.clear();
   std::vector<int64_t> group_of(layout.refs().size());
   for (int64_t g = 0; g < layout.groups(); ++g) {

@@ -39,8 +39,8 @@ struct RowCopies {
 // The pages of every group with rows[g].strided become row copies, blocks merged while
 // they follow each other on both sides and a row stays within its pitch, in the order of
 // where they land (host address for a store, GPU address for a load). A copy whose host
-// rows would cross a host break goes row by row into `pages` instead; the segments of the
-// other groups go to `rest`, for BuildPageDma.
+// rows would cross a host break goes row by row, cut at the breaks, appended to `pages`;
+// the segments of the other groups go to `rest`, for BuildPageDma.
 void BuildRowCopies(const PageLayout& layout, const std::vector<GroupRows>& rows,
                     const int64_t* block_ids, const std::vector<Segment>& segments,
                     Direction direction, RowCopies& out, PageDma& pages,

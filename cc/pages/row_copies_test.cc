@@ -56,8 +56,8 @@ Case MakeCase(std::mt19937_64& rng) {
   for (int64_t g = 0, groups = pick(1, 3); g < groups; ++g) {
     const int64_t tensors = pick(1, 5), blocks = pick(1, 30), chunks = pick(1, 20);
     const int64_t page = 16 * pick(1, 20), stride = page + 16 * pick(0, 1) * pick(0, 3);
-    const bool chunk_major = pick(0, 1) == 1, kind = pick(0, 3);
-    // kind 0: the tensors a constant distance apart; 1: not; else: as 0.
+    const bool chunk_major = pick(0, 1) == 1;
+    const int64_t kind = pick(0, 3);  // 1: the last tensor off the constant distance; else on it
     const int64_t gpu_pitch = stride * blocks + 16 * pick(0, 8);
     for (int64_t t = 0; t < tensors; ++t) {
       TensorRef r{gpu_at + t * gpu_pitch + (kind == 1 && t == tensors - 1 ? 32 : 0), stride, page,
@@ -104,6 +104,9 @@ void Expand(int64_t gpu, int64_t host, int64_t bytes, std::map<int64_t, int64_t>
 }
 
 void TestRowsMoveThePages(std::mt19937_64& rng) {
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
   int64_t row_copies = 0, merged = 0, cut = 0, rest = 0;
   for (int trial = 0; trial < 400; ++trial) {
     const Case c = MakeCase(rng);
@@ -112,8 +115,13 @@ void TestRowsMoveThePages(std::mt19937_64& rng) {
     ValidateJob(layout, job);
     std::vector<Segment> segments;
     const int64_t units = BuildSegments(layout, job, segments);
+    // Registration edges at some segments' starts and inside some pages: no copy may span one.
     std::vector<int64_t> breaks;
     for (size_t k = 0; k < segments.size(); k += 7) breaks.push_back(segments[k].host);
+    for (size_t k = 3; k < segments.size(); k += 11) {
+      breaks.push_back(segments[k].host + 16 * pick(1, layout.refs()[segments[k].ref].page_bytes / 16));
+    }
+    std::sort(breaks.begin(), breaks.end());
     layout.set_host_breaks(breaks);
     std::vector<GroupRows> rows;
     for (int64_t g = 0; g < layout.groups(); ++g) rows.push_back(GroupRowsOf(layout, g));

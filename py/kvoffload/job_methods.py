@@ -74,11 +74,14 @@ class PageChoice:
     batch_copy: bool
     cal: object = None
     rows: tuple = ()  # per group: None, or why its tensors are not rows of one allocation
+    by_rows: bool = False  # the paths rest on every group's tensors being rows
 
     @classmethod
     def of(cls, method: Pages, pages, batch_copy: bool, cal=None, rows=()) -> PageChoice:
         every = method.strided and bool(rows) and all(r is None for r in rows)
-        return cls(page_methods.choose(method, pages, batch_copy, cal, every), batch_copy, cal, tuple(rows))
+        paths = page_methods.choose(method, pages, batch_copy, cal, every)
+        by_rows = every and paths != page_methods.choose(method, pages, batch_copy, cal, False)
+        return cls(paths, batch_copy, cal, tuple(rows), by_rows)
 
 
 def page_choice(method: Pages | Auto | CopyMethod, device, pages, gpu_tensors=()) -> PageChoice | None:
@@ -100,8 +103,10 @@ def cpu_layout_for(choice: PageChoice | None, own_pool: bool = True) -> str:
     the paths of its page jobs (``choice``) with ``own_pool`` (a pool that only it sees,
     pinned before it returns), else chunk-major. A shared pool's layout must not hang on
     one rank's choice, and a pool pinned in the background serves the jobs on its first
-    chunks early only when chunk-major."""
-    if choice is None or not own_pool:
+    chunks early only when chunk-major. A choice that rests on rows takes chunk-major too."""
+    if choice is None or not own_pool or choice.by_rows:
+        # By rows: a chunk's tensors back to back keep the host pitch one chunk's page
+        # (within the device's largest pitch) and a copy inside one registration.
         return "chunk_major"
     return page_methods.cpu_layout(choice.paths)
 
@@ -147,18 +152,24 @@ class PageJobs:
                 logger.warning("kvoffload: the page calibration's %s figures near %.0f page bytes were "
                                "noisy; measure again with python -m kvoffload.page_calibration "
                                "--recalibrate", d.value, page)
-        if cal is not None:
-            why = page_calibration.why(cal, self.paths[Direction.STORE], page, method.max_slowdown, choice.batch_copy)
-        elif method.path is None and choice.rows and all(r is None for r in choice.rows) and choice.batch_copy:
-            why = "built-in choice: every group's tensors are rows of one allocation"
-        else:
-            why = "built-in choice"
         rows = (table.rows(device) if device is not None and method.strided and PagePath.DMA in self.paths.values()
                 else [])
         strided = [g for g, r in enumerate(rows) if r[0]]
-        if rows and strided:
-            why += f"; DMA by 2D copies, a row per tensor, for group{'s' * (len(strided) > 1)} {strided}"
         per_page = [f"group {g}: {r[1]}" for g, r in enumerate(rows) if not r[0] and r[2] > 0]
+        if cal is not None:
+            why = page_calibration.why(cal, self.paths[Direction.STORE], page, method.max_slowdown, choice.batch_copy)
+        elif choice.by_rows and per_page:
+            # The driver said no (another allocation, a pitch past the device's largest):
+            # the choice without rows, whose DMA would go a page at a time.
+            self.paths = page_methods.choose(method, page_methods.layout_pages(layout), choice.batch_copy, None, False)
+            why = "built-in choice: the tensors are not rows the driver copies in 2D (" + ", ".join(per_page) + ")"
+            strided = per_page = []
+        elif choice.by_rows:
+            why = "built-in choice: every group's tensors are rows of one allocation"
+        else:
+            why = "built-in choice"
+        if strided:
+            why += f"; DMA by 2D copies, a row per tensor, for group{'s' * (len(strided) > 1)} {strided}"
         if per_page:
             why += "; DMA per page for " + ", ".join(per_page)
         self.reasons = {d.value: why for d in self.paths}
