@@ -193,6 +193,12 @@ def pool_jobs(seed: int, num_gpu_blocks: int, num_chunks: int, blocks_per_job: i
     of newly admitted requests, its chunks those the CPU manager gives a store of as many
     new keys. Groups draw their ids from one pool, as vLLM's do. From SAVED_IDS where it
     holds these arguments' jobs."""
+    # A job of up to half the pool is gathered while requests come and go; more may never be.
+    most = min(num_gpu_blocks // 2, num_chunks)
+    if num_gpu_blocks < 4 or not 0 < blocks_per_job * groups <= most:
+        raise ValueError(f"blocks_per_job: {blocks_per_job} a group x {groups} groups must be in [1, {most}] "
+                         f"(half of num_gpu_blocks={num_gpu_blocks}, at most num_chunks={num_chunks}, "
+                         "with num_gpu_blocks >= 4)")
     key = f"{seed} {num_gpu_blocks} {num_chunks} {blocks_per_job} {count} {groups} {warm_requests}"
     if SAVED_IDS:
         with np.load(SAVED_IDS) as saved:

@@ -83,6 +83,8 @@ def test_layers_of_one_allocation_are_rows_and_small_pages_then_go_by_dma():
     assert page_methods.rows_why_not([one[0], one[2], one[3]], [page] * 3) == \
         "tensors are not a constant distance apart"
     assert page_methods.rows_why_not(one[:2], [page, page // 2]) == "tensors differ in page size or stride"
+    assert page_methods.rows_why_not(one[::-1], [page] * layers) == "tensors overlap or run backwards"
+    assert page_methods.rows_why_not([one[0], one[0]], [page] * 2) == "tensors overlap or run backwards"
     apart = [torch.zeros(blocks, page, dtype=torch.uint8) for _ in range(3)]
     assert page_methods.rows_why_not(apart, [page] * 3) == "the tensors are separate allocations"
     # Rows, never SMs, for small pages by default; without the batch copy, the ring.

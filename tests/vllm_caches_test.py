@@ -73,6 +73,8 @@ def test_block_pool_ids_are_distinct_in_range_and_come_in_runs():
     for gpu, cpu in jobs:
         assert len(gpu) == 128 and len(set(gpu.tolist())) == 128 and gpu.min() >= 1 and gpu.max() < 4096
         assert len(cpu) == 128 and len(set(cpu.tolist())) == 128 and cpu.min() >= 0 and cpu.max() < 2048
+    with pytest.raises(ValueError, match=r"blocks_per_job: 40 a group x 2 groups must be in \[1, 48\]"):
+        vllm_caches.pool_jobs(0, 96, 96, 40, 1, groups=2)
     # A running pool hands out runs of neighbouring ids (descending: it reuses the last
     # freed, tail first), where uniform ids have almost none.
     runs = vllm_caches.run_lengths(np.concatenate([g for g, _ in jobs]))

@@ -204,6 +204,25 @@ def test_a_smaller_region_file_is_refused_unless_its_creator_sizes_it(tmp_path, 
             os.unlink(path)
 
 
+def test_a_smaller_region_file_changed_in_the_future_is_refused_without_waiting_for_then(tmp_path, monkeypatch):
+    from kvoffload.vllm import tiering
+    monkeypatch.setattr(tiering, "STALE_SECONDS", 0.3)
+    spec = OffloadingSpecFactory.create_spec(config(extra(tmp_path)))
+    path = region_path(spec)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, 4096)
+        now = time.time
+        monkeypatch.setattr(tiering.time, "time", lambda: now() - 1000)  # the file's ctime: 1000 s ahead
+        started = time.monotonic()
+        with pytest.raises(PermissionError, match="holds 4096 bytes, fewer than"):
+            spec.get_worker(VllmCache(np.random.default_rng(0), ROWS, REFS, NUM_BLOCKS).kv_caches)
+        assert time.monotonic() - started < 5
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
 def test_an_interrupted_shutdown_keeps_the_region_for_the_jobs_and_a_second_one_releases_it(tmp_path, monkeypatch):
     spec = OffloadingSpecFactory.create_spec(config(extra(tmp_path)))
     cache = VllmCache(np.random.default_rng(0), ROWS, REFS, NUM_BLOCKS)

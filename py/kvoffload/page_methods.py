@@ -109,7 +109,9 @@ def rows_why_not(group, pages) -> str | None:
         return "tensors differ in page size or stride"
     starts = [t.data_ptr() for t in group]
     pitch = starts[1] - starts[0]
-    if pitch < pages[0] or any(b - a != pitch for a, b in zip(starts, starts[1:])):
+    if pitch < pages[0]:
+        return "tensors overlap or run backwards"
+    if any(b - a != pitch for a, b in zip(starts, starts[1:])):
         return "tensors are not a constant distance apart"
     return None
 

@@ -95,7 +95,9 @@ def _refuse_planted(path: str, region_bytes: int) -> None:
     why = _LINKED if linked else planted(found)
     if why is not None:
         raise _refusal(path, why)
-    while found.st_size < region_bytes and time.time() < found.st_ctime + STALE_SECONDS:
+    # From its last change, and never longer than that from now (a ctime in the future).
+    deadline = min(found.st_ctime, time.time()) + STALE_SECONDS
+    while found.st_size < region_bytes and time.time() < deadline:
         time.sleep(0.01)  # its creator may be sizing it now
         try:
             found = os.lstat(path)
