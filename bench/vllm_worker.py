@@ -55,7 +55,6 @@ flags.DEFINE_integer("dropped_handlers", 0, "kvoffload workers made, used and sh
                      "offloading).", lower_bound=0)
 flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the workspace).")
 
-JOBS = vllm_caches.JOBS
 
 
 def jobs(rng, groups, n, blocks, half=None, count=8):
@@ -72,10 +71,9 @@ def pool_jobs(rng, groups, n, blocks, half=None, count=8):
     each direction's from a seed of its own."""
     del rng
     lo, span = (0, blocks) if half is None else (half * blocks // 2, blocks // 2)
-    return [(lo + gpu, lo + cpu) for gpu, cpu in vllm_caches.pool_jobs(*pool_args(groups, n, blocks, half, count))]
+    args = vllm_caches.bench_pool_args(groups, n, blocks, half, count)
+    return [(lo + gpu, lo + cpu) for gpu, cpu in vllm_caches.pool_jobs(*args)]
 
-
-pool_args = vllm_caches.bench_pool_args
 
 
 def specs(ids, groups, n):
@@ -198,7 +196,7 @@ def main(argv):
             clean_step = meter.clean_step_seconds(loop)  # before any worker: idle_vs_clean
         peer = vllm_peer.install(torch)
     for layout, kv_layout, kind in itertools.product(FLAGS.layouts, FLAGS.kv_layouts, FLAGS.block_ids):
-        n, blocks = JOBS[layout]
+        n, blocks = vllm_caches.JOBS[layout]
         if not gpu:
             n, blocks = 8, 96
         cache, _, _ = vllm_caches.canonical_caches(torch, layout, kv_layout, blocks, "cuda" if gpu else "cpu")

@@ -142,8 +142,8 @@ int64_t EnqueueRows(const DevicePageTable& table, const RowCopies& copies, Direc
                           " (" + std::to_string(copies.width[i]) + " bytes x " + std::to_string(r.rows) +
                           " rows, GPU pitch " + std::to_string(r.gpu_pitch) + ", host pitch " +
                           std::to_string(r.host_pitch) + "): " + cudaGetErrorString(status) +
-                          "; the job's other DMA and row copies 0-" + std::to_string(i) +
-                          " before it were enqueued");
+                          "; the job's other DMA and the " + std::to_string(i) +
+                          " row copies before this one were enqueued");
     }
   }
   return static_cast<int64_t>(copies.gpu.size());

@@ -572,8 +572,7 @@ class OffloadHandler:
     def method_reasons(self) -> dict[str, str]:
         """Why each direction's jobs take their method, and for DMA which groups go as 2D
         copies, a row per tensor, and why the others do not."""
-        return getattr(self._jobs, "reasons", {d: "no GPU: host threads" if self._jobs.methods[d] == "host"
-                                               else "the handler's method" for d in self._jobs.methods})
+        return self._jobs.reasons
 
     @property
     def descriptor_arrays_allocated(self) -> int:

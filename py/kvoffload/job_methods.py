@@ -219,6 +219,10 @@ class PlannedJobs:
         return {d.value: "host" if self._method is None else self._method.name for d in Direction}
 
     @property
+    def reasons(self) -> dict[str, str]:
+        return {d.value: "no GPU: host threads" if self._method is None else "the handler's method" for d in Direction}
+
+    @property
     def descriptor_arrays_allocated(self) -> int:
         return self._descriptors.allocated
 
