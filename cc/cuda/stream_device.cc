@@ -3,6 +3,9 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <stdexcept>
+#include <string>
+
 #include "cc/cuda/cuda_check.h"
 #include "cc/cuda/driver_symbol.h"
 
@@ -25,6 +28,18 @@ int StreamDevice(cudaStream_t stream) {
   int device = 0;
   CheckCuda(cudaStreamGetDevice(stream, &device), "cudaStreamGetDevice");
   return device;
+}
+
+void RequireNotCapturing(cudaStream_t stream, const char* name) {
+  RequireCudaDevice();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CheckCuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+  if (status != cudaStreamCaptureStatusNone) {
+    throw std::invalid_argument(
+        std::string(name) + ": is capturing a CUDA graph" +
+        (status == cudaStreamCaptureStatusInvalidated ? " (the capture is invalidated)" : "") +
+        "; kvoffload's copies are not recorded into graphs: submit them outside the capture");
+  }
 }
 
 DeviceGuard::DeviceGuard(int device) : device_(device) {

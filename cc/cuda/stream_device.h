@@ -8,6 +8,11 @@ namespace kvoffload {
 // The device a stream belongs to (the current device for the legacy stream).
 int StreamDevice(cudaStream_t stream);
 
+// Throws std::invalid_argument naming `name` where `stream` is capturing a CUDA graph:
+// copies queued there would be recorded, not run (and the driver's batch copy is not even
+// recorded; the capture reports success without it).
+void RequireNotCapturing(cudaStream_t stream, const char* name = "stream");
+
 // Makes `device` current, with its primary context; restores the caller's device, unless
 // that device's primary context is inactive: a thread that never chose a device reads
 // device 0, and making it current again would start a context there (hundreds of MiB on
@@ -28,10 +33,11 @@ class DeviceGuard {
 };
 
 // The stream's device made current, which the driver's batch call and kernel launches
-// need on this thread.
+// need on this thread, once the stream is known not to be capturing a graph.
 class StreamDeviceGuard : public DeviceGuard {
  public:
-  explicit StreamDeviceGuard(cudaStream_t stream) : DeviceGuard(StreamDevice(stream)) {}
+  explicit StreamDeviceGuard(cudaStream_t stream)
+      : DeviceGuard((RequireNotCapturing(stream), StreamDevice(stream))) {}
 };
 
 }  // namespace kvoffload

@@ -284,6 +284,11 @@ void BindCopies(nb::module_& m) {
   m.def(
       "stream_device", [](nb::handle stream) { return StreamDevice(ToStream(stream)); },
       nb::arg("stream").none());
+  m.def(
+      "require_not_capturing",
+      [](nb::handle stream, const std::string& name) { RequireNotCapturing(ToStream(stream), name.c_str()); },
+      nb::arg("stream").none(), nb::arg("name"),
+      "ValueError naming `name` where `stream` is capturing a CUDA graph.");
   m.def("batch_entry_point_version", &BatchEntryPointVersion);
   m.def(
       "load_kernels",

@@ -373,6 +373,7 @@ class OffloadHandler:
                   expedite: bool) -> bool:
         self._check_process()
         _check_job_id(job_id)
+        self._lanes.require_not_capturing()
         self._wait_for_pinning(gpu, cpu, job_id)  # before the lock: other threads' calls go on
         with self._lock:
             self._start_unstarted()

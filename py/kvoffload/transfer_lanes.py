@@ -21,6 +21,8 @@ import time
 import weakref
 from typing import Callable, Protocol, Sequence
 
+from kvoffload import _C
+
 
 class Lanes(Protocol):
     """What CudaLanes and HostLanes both do; the handler holds one of them. ``make``
@@ -48,6 +50,8 @@ class Lanes(Protocol):
 
     def fence(self, stream) -> None: ...
 
+    def require_not_capturing(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -65,6 +69,10 @@ class _CudaJob:
         self.queued = threading.Lock()  # held until the job is enqueued or has failed
         self.queued.acquire()
         self.turn_over = False  # it found its conflicts (_Turns)
+
+
+def _require_not_capturing(stream, name: str) -> None:
+    _C.require_not_capturing(stream, name)
 
 
 class CudaLanes:
@@ -238,12 +246,19 @@ class CudaLanes:
         host waits until they are enqueued)."""
         if stream is None:
             stream = self._torch.cuda.current_stream(self._device)
+        _require_not_capturing(stream, "stream")
         for last in list(self._last.values()):
             with last.queued:
                 pass
         for streams in self._streams.values():
             for lane in streams:
                 stream.wait_stream(lane)
+
+    def require_not_capturing(self) -> None:
+        """Raises ValueError where the current stream is capturing a CUDA graph: the job's
+        first event, recorded there, would take the lane's stream into the graph, and its
+        copies with it (recorded, never run)."""
+        _require_not_capturing(self._torch.cuda.current_stream(self._device), "current stream")
 
     def close(self) -> None:
         """Enqueues what was started, ends the threads and waits for the streams. Idempotent.
@@ -316,6 +331,9 @@ class HostLanes:
     def fence(self, stream) -> None:
         del stream
         raise RuntimeError("fence: only for a handler of GPU tensors")
+
+    def require_not_capturing(self) -> None:
+        pass  # no CUDA stream
 
     def make(self, lane, copy, waits, failing_with=(), pipelined=False, resolve=None):
         del pipelined  # a lane's thread runs one job at a time
