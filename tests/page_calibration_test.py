@@ -325,15 +325,18 @@ def _one_allocation(page, tensors=4, blocks=16):
     return [[backing[i * blocks * page:(i + 1) * blocks * page].view(blocks, page) for i in range(tensors)]]
 
 
-@pytest.mark.parametrize("page", [4 << 10, 64 << 10])  # rows take 4 KiB pages to DMA; 64 KiB go anyway
+@pytest.mark.parametrize("page", [4 << 10, 16 << 10, 64 << 10])
 @pytest.mark.parametrize("method", [kv.Pages(), kv.Pages(path=DMA)])
 def test_a_choice_whose_dma_goes_by_rows_lays_the_pool_out_chunk_by_chunk(monkeypatch, page, method):
+    # Rows take 4-16 KiB pages to DMA, in 2D copies; 64 KiB pages go a copy per page, as
+    # fast (dma2d_probe_h200.json), from a per-tensor pool.
     monkeypatch.setattr(job_methods, "batch_entry_point_version", lambda: 1)
     choice = job_methods.page_choice(method, torch.device("cuda", 0), pages(page), _one_allocation(page))
-    assert choice.paths == {d: DMA for d in Direction} and choice.by_rows
-    assert job_methods.cpu_layout_for(choice, True) == "chunk_major"
+    small = page < page_methods.ROWS_BELOW_PAGE_BYTES
+    assert choice.paths == {d: DMA for d in Direction} and choice.by_rows == choice.strided == small
+    assert job_methods.cpu_layout_for(choice, True) == ("chunk_major" if small else "per_tensor")
     apart = job_methods.page_choice(method, torch.device("cuda", 0), pages(page), [[]])
-    assert apart.paths == {d: DMA for d in Direction} or page == 4 << 10
+    assert apart.paths == {d: DMA for d in Direction} or page < 20 << 10
     assert not apart.by_rows and job_methods.cpu_layout_for(apart, True) == page_methods.cpu_layout(apart.paths)
     ring = job_methods.page_choice(kv.Pages(path=STAGED), torch.device("cuda", 0), pages(page), _one_allocation(page))
     assert not ring.by_rows

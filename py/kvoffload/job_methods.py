@@ -75,12 +75,14 @@ class PageChoice:
     cal: object = None
     rows: tuple = ()  # per group: None, or why its tensors are not rows of one allocation
     by_rows: bool = False  # DMA moves every group's blocks as rows (2D copies)
+    strided: bool = False  # DMA moves the blocks of groups whose tensors are rows as rows
 
     @classmethod
     def of(cls, method: Pages, pages, batch_copy: bool, cal=None, rows=()) -> PageChoice:
-        every = method.strided and bool(rows) and all(r is None for r in rows)
+        strided = method.strided and page_methods.mean_page_bytes(pages) < page_methods.ROWS_BELOW_PAGE_BYTES
+        every = strided and bool(rows) and all(r is None for r in rows)
         paths = page_methods.choose(method, pages, batch_copy, cal, every)
-        return cls(paths, batch_copy, cal, tuple(rows), every and PagePath.DMA in paths.values())
+        return cls(paths, batch_copy, cal, tuple(rows), every and PagePath.DMA in paths.values(), strided)
 
 
 def page_choice(method: Pages | Auto | CopyMethod, device, pages, gpu_tensors=()) -> PageChoice | None:
@@ -134,7 +136,7 @@ class PageJobs:
     def __init__(self, method: Pages, layout, table, registry, choice: PageChoice, device: int | None = None):
         self._layout, self._table = layout, table
         self._ring = dict(max_ctas=method.ctas, slot_bytes=method.slot_bytes, slots=method.slots,
-                          slots_in_l2=method.slots_in_l2, strided=method.strided)
+                          slots_in_l2=method.slots_in_l2, strided=choice.strided)
         self.paths = choice.paths
         cal = choice.cal
         gpu_spans, cpu_spans = table.spans()
@@ -153,7 +155,7 @@ class PageJobs:
                 logger.warning("kvoffload: the page calibration's %s figures near %.0f page bytes were "
                                "noisy; measure again with python -m kvoffload.page_calibration "
                                "--recalibrate", d.value, page)
-        rows = (table.rows(device) if device is not None and method.strided and PagePath.DMA in self.paths.values()
+        rows = (table.rows(device) if device is not None and choice.strided and PagePath.DMA in self.paths.values()
                 else [])
         strided = [g for g, r in enumerate(rows) if r[0]]
         per_page = [f"group {g}: {r[1]}" for g, r in enumerate(rows) if not r[0] and r[2] > 0]

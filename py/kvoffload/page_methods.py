@@ -28,6 +28,9 @@ PagePath = _C.PagePath
 FORCED = {"pages_staged": PagePath.STAGED, "pages_kernel": PagePath.KERNEL, "pages_dma": PagePath.DMA}
 METHODS = ("pages",) + tuple(FORCED)
 DMA_FROM_PAGE_BYTES = {Direction.STORE: 20 << 10, Direction.LOAD: 20 << 10}
+# 2D copies (a row per tensor) for smaller pages only: at 64 KiB a copy per page moved
+# more (54 against 50.7 GB/s alone on the H200, bench/results/dma2d_probe_h200.json).
+ROWS_BELOW_PAGE_BYTES = 20 << 10
 PAGE_CTAS = _C.PAGE_COPY_CTAS  # the gather and scatter kernels' CTAs (cc/pages/page_copy.h)
 SLOT_BYTES, SLOTS = _C.PAGE_SLOT_BYTES, _C.PAGE_SLOTS  # the staging ring's
 
@@ -51,8 +54,9 @@ class Pages:
     ``ctas``: the gather and scatter kernels' CTAs. ``max_slowdown``: with path None, the
     step slowdown over bulk copies' that a model beside may be given, chosen by from the
     device's page calibration; None: the built-in choice. ``slots`` x ``slot_bytes``: the
-    staging ring. ``strided``: DMA moves the blocks of groups whose tensors are rows of one
-    allocation by 2D copies (cc/pages/row_copies.h); False keeps to a copy per page.
+    staging ring. ``strided``: where pages are under ROWS_BELOW_PAGE_BYTES, DMA moves the
+    blocks of groups whose tensors are rows of one allocation by 2D copies
+    (cc/pages/row_copies.h); False keeps to a copy per page.
     ``slots_in_l2`` holds its slots in persisting L2: a study, not a speed-up.
     The device-wide set-aside it leaves slows a model's every step (docs/studies.md#the-ring-in-persisting-l2)."""
 
