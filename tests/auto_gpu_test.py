@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kvoffload as kv
-from kvoffload import auto, calibration, copy_methods
+from kvoffload import auto, calibration, calibration_cache, copy_methods
 from scatter import POISON
 from calibrated import quick_calibration  # noqa: F401 - autouse
 
@@ -24,22 +24,22 @@ def require_gpu():
 def test_calibration_is_measured_on_its_device_once_cached_and_keyed(tmp_path, monkeypatch):
     path = tmp_path / "calibration.json"
     monkeypatch.setenv("KVOFFLOAD_CALIBRATION", str(path))
-    monkeypatch.setattr(calibration, "_cached", {})  # measured on short windows (quick_calibration)
+    monkeypatch.setattr(calibration_cache, "_cached", {})  # measured on short windows (quick_calibration)
     device = torch.cuda.device_count() - 1
     cal = calibration.calibration(device)
-    entry = json.loads(path.read_text())[calibration.device_key(device)]
+    entry = json.loads(path.read_text())[calibration_cache.device_key(device)]
     assert torch.cuda.get_device_name(device) in cal.key and "driver" in cal.key and "PCIe" in cal.key
     assert set(entry["rates"]) == {f"{m} {d} {p}" for m in copy_methods.CANDIDATES
-                                   for d in ("h2d", "d2h") for p in calibration.PATTERNS}
+                                   for d in ("load", "store") for p in calibration.PATTERNS}
     assert all(len(v) == len(calibration.SIZES) and min(v) > 0 for v in entry["rates"].values())
     assert set(entry["beside"]) == set(entry["slowdown"]) == {f"{m} {d}" for m in copy_methods.CANDIDATES
-                                                              for d in ("h2d", "d2h")}
+                                                              for d in ("load", "store")}
     assert all(len(v) == len(calibration.BESIDE_SIZES) and min(v) > 0 for v in entry["beside"].values())
     # Fractions of a step, so above -1; no upper bound holds on a GPU the suite's workers share.
-    assert set(entry["bulk_slowdown"]) == {"h2d", "d2h"}
+    assert set(entry["bulk_slowdown"]) == {"load", "store"}
     assert all(-1 < v < math.inf for v in entry["bulk_slowdown"].values())
     assert all(-1 < v < math.inf for v in itertools.chain(*entry["slowdown"].values()) if v is not None)
-    monkeypatch.setattr(calibration, "_cached", {})
+    monkeypatch.setattr(calibration_cache, "_cached", {})
     monkeypatch.setattr(calibration, "measure", lambda d: pytest.fail("measured again"))
     assert calibration.calibration(device) == cal
 

@@ -21,17 +21,17 @@ def table(beside=None, slowdown=None, bulk=None, **rates):
     GB/s and step slowdown per beside-size (absent: 1 GB/s, +50%); bulk copies slow it by
     ``bulk`` per direction (absent: 0)."""
     full = {f"{m} {d} {p}": [1.0] * len(SIZES)
-            for m in CANDIDATES for d in ("h2d", "d2h") for p in calibration.PATTERNS}
+            for m in CANDIDATES for d in ("load", "store") for p in calibration.PATTERNS}
     full.update({k.replace("__", " "): v for k, v in rates.items()})
-    pairs = [f"{m} {d}" for m in CANDIDATES for d in ("h2d", "d2h")]
+    pairs = [f"{m} {d}" for m in CANDIDATES for d in ("load", "store")]
     return Calibration("test machine", SIZES, full, BESIDE,
                        {k: (beside or {}).get(k, [1.0] * len(BESIDE)) for k in pairs},
                        {k: (slowdown or {}).get(k, [0.5] * len(BESIDE)) for k in pairs},
-                       {"h2d": 0.0, "d2h": 0.0, **(bulk or {})})
+                       {"load": 0.0, "store": 0.0, **(bulk or {})})
 
 
 def test_alone_picks_the_fastest_method_at_the_job_size():
-    cal = table(batch__h2d__scattered=[2, 5, 40, 50, 54, 55], kernel__h2d__scattered=[30, 44, 48, 50, 50, 50])
+    cal = table(batch__load__scattered=[2, 5, 40, 50, 54, 55], kernel__load__scattered=[30, 44, 48, 50, 50, 50])
     assert choose(cal, "load", 4 << 10, 0, max_slowdown=None)[0] == "kernel"
     assert choose(cal, "load", 2 << 20, 0, max_slowdown=None)[0] == "batch"
     method, rate = choose(cal, "load", 128 << 10, 0, max_slowdown=None)  # log-interpolated
@@ -39,15 +39,15 @@ def test_alone_picks_the_fastest_method_at_the_job_size():
 
 
 def test_alone_staged_uses_the_host_runs_table_only_for_long_runs():
-    cal = table(staged__d2h__host_runs=[40] * 6, staged__d2h__scattered=[3] * 6, batch__d2h__scattered=[20] * 6)
+    cal = table(staged__store__host_runs=[40] * 6, staged__store__scattered=[3] * 6, batch__store__scattered=[20] * 6)
     assert choose(cal, "store", 4096, RUNS, max_slowdown=None)[0] == "staged"
     assert choose(cal, "store", 4096, RUNS - 1, max_slowdown=None)[0] == "batch"
 
 
 def test_the_fastest_beside_the_model_within_the_slowdown_wins():
-    cal = table(beside={"kernel h2d": [40, 45, 50], "staged h2d": [30, 44, 52], "batch h2d": [3, 40, 54]},
-                slowdown={"kernel h2d": [0.05, 0.04, 0.03], "staged h2d": [0.01, 0.01, 0.01],
-                          "batch h2d": [0.0, 0.0, 0.0]})
+    cal = table(beside={"kernel load": [40, 45, 50], "staged load": [30, 44, 52], "batch load": [3, 40, 54]},
+                slowdown={"kernel load": [0.05, 0.04, 0.03], "staged load": [0.01, 0.01, 0.01],
+                          "batch load": [0.0, 0.0, 0.0]})
     assert choose(cal, "load", 4 << 10, RUNS)[0] == "staged"  # the kernel is faster but costs 5%
     assert choose(cal, "load", 4 << 10, RUNS, max_slowdown=0.06)[0] == "kernel"
     assert choose(cal, "load", 4 << 10, RUNS, max_slowdown=0.005)[0] == "batch"
@@ -56,19 +56,19 @@ def test_the_fastest_beside_the_model_within_the_slowdown_wins():
 
 def test_max_slowdown_is_over_the_bulk_copies_slowdown():
     """Beside a loop that bulk loads slow by 4%, a load method at +5% costs 1 point."""
-    slowdown = {"kernel h2d": [0.05] * 3, "batch h2d": [0.04] * 3}
-    beside = {"kernel h2d": [45, 48, 50], "batch h2d": [5, 30, 54]}
+    slowdown = {"kernel load": [0.05] * 3, "batch load": [0.04] * 3}
+    beside = {"kernel load": [45, 48, 50], "batch load": [5, 30, 54]}
     assert choose(table(beside=beside, slowdown=slowdown), "load", 4 << 10, 0)[0] == "batch"  # the least costly
-    cal = table(beside=beside, slowdown=slowdown, bulk={"h2d": 0.04})
+    cal = table(beside=beside, slowdown=slowdown, bulk={"load": 0.04})
     assert choose(cal, "load", 4 << 10, 0) == ("kernel", 45)
     assert cal.over_bulk("kernel", "load", 4 << 10) == pytest.approx(0.01)
     assert choose(cal, "load", 4 << 10, 0, max_slowdown=0.005)[0] == "batch"
 
 
 def test_the_kernel_on_fewer_ctas_wins_where_only_it_is_within_the_slowdown():
-    cal = table(beside={"kernel h2d": [37, 42, 41], "kernel_ctas2 h2d": [19, 20, 20], "staged h2d": [26, 29, 28]},
-                slowdown={"kernel h2d": [0.2, 0.24, 0.29], "kernel_ctas2 h2d": [0.016, 0.02, 0.03],
-                          "staged h2d": [0.095, 0.05, 0.017]})
+    cal = table(beside={"kernel load": [37, 42, 41], "kernel_ctas2 load": [19, 20, 20], "staged load": [26, 29, 28]},
+                slowdown={"kernel load": [0.2, 0.24, 0.29], "kernel_ctas2 load": [0.016, 0.02, 0.03],
+                          "staged load": [0.095, 0.05, 0.017]})
     assert choose(cal, "load", 4 << 10, 0) == ("kernel_ctas2", 19)
     assert choose(cal, "load", 4 << 10, RUNS, max_slowdown=0.1)[0] == "staged"
     assert choose(cal, "load", 4 << 10, 0, max_slowdown=0.1)[0] == "kernel_ctas2"  # staged: 1 GB/s scattered
@@ -78,18 +78,18 @@ def test_the_kernel_on_fewer_ctas_wins_where_only_it_is_within_the_slowdown():
 def test_staged_is_predicted_at_no_more_than_its_scattered_rate_for_short_host_runs():
     # Calibrated beside the model on host runs; a job scattered on the host side moves
     # its slices by DMA of small copies, which its rate alone measures.
-    cal = table(staged__h2d__scattered=[4.5] * 6, staged__h2d__host_runs=[28] * 6,
-                beside={"staged h2d": [26] * 3, "batch h2d": [9] * 3},
-                slowdown={"staged h2d": [0.01] * 3, "batch h2d": [0.015] * 3})
+    cal = table(staged__load__scattered=[4.5] * 6, staged__load__host_runs=[28] * 6,
+                beside={"staged load": [26] * 3, "batch load": [9] * 3},
+                slowdown={"staged load": [0.01] * 3, "batch load": [0.015] * 3})
     assert choose(cal, "load", 4 << 10, RUNS) == ("staged", 26)
     assert choose(cal, "load", 4 << 10, RUNS - 1) == ("batch", 9)
     assert choose(cal, "load", 4 << 10, 0, max_slowdown=0.012) == ("staged", 4.5)
 
 
 def test_chosen_reads_the_job_size_and_host_runs_off_the_copies(monkeypatch):
-    cal = table(staged__d2h__scattered=[4.5] * 6, staged__d2h__host_runs=[28] * 6,
-                beside={"staged d2h": [26] * 3, "batch d2h": [9, 30, 50]},
-                slowdown={"staged d2h": [0.01] * 3, "batch d2h": [0.015] * 3})
+    cal = table(staged__store__scattered=[4.5] * 6, staged__store__host_runs=[28] * 6,
+                beside={"staged store": [26] * 3, "batch store": [9, 30, 50]},
+                slowdown={"staged store": [0.01] * 3, "batch store": [0.015] * 3})
     monkeypatch.setattr(calibration, "calibration", lambda device: cal)
     monkeypatch.setattr(auto, "stream_device", lambda stream: 0)
     rng = np.random.default_rng(7)
@@ -107,8 +107,8 @@ def test_chosen_reads_the_job_size_and_host_runs_off_the_copies(monkeypatch):
     # GB/s), not 2 GiB (50 GB/s) or 4 KiB (9 GB/s).
     mixed = sizes.copy()
     mixed[0] = 2 << 30
-    cal.beside["batch d2h"] = [9, 30, 50]
-    cal.slowdown["batch d2h"] = [0.0] * 3
+    cal.beside["batch store"] = [9, 30, 50]
+    cal.slowdown["batch store"] = [0.0] * 3
     assert auto.choose(cal, "store", mixed.mean(), 0)[1] < 40
     monkeypatch.setattr(auto, "choose", lambda cal, direction, copy_bytes, runs, slowdown: (str(copy_bytes), 0))
     assert auto.chosen(gpu, scattered, mixed, direction="store", registry=kv.UNCHECKED) == str(mixed.mean())
@@ -121,8 +121,8 @@ def test_sizes_where_a_copy_stalled_beside_the_model_leave_its_slowdown_to_the_o
     # The batch copy's 4 KiB loads stall on host enqueueing beside the model: no slowdown
     # was measured there, so 32 KiB takes the 64 KiB figure, not a mix with a sentinel.
     stalled = [None, 0.004, 0.0]
-    cal = table(beside={"batch h2d": [0.1, 52, 55], "staged h2d": [26, 30, 30]},
-                slowdown={"batch h2d": stalled, "staged h2d": [0.01] * 3, "kernel d2h": [None] * 3})
+    cal = table(beside={"batch load": [0.1, 52, 55], "staged load": [26, 30, 30]},
+                slowdown={"batch load": stalled, "staged load": [0.01] * 3, "kernel store": [None] * 3})
     assert cal.slowdown_of("batch", "load", 32 << 10) == pytest.approx(0.004)
     assert cal.rate_beside("batch", "load", 32 << 10) == 52  # nor the stalled rate
     for near_the_stall in (1 << 10, 4 << 10, 8 << 10, 16 << 10):  # 16 KiB: as near 4 KiB as 64
@@ -131,12 +131,12 @@ def test_sizes_where_a_copy_stalled_beside_the_model_leave_its_slowdown_to_the_o
     assert choose(cal, "load", 32 << 10, RUNS) == ("batch", 52)
     assert choose(cal, "load", 4 << 10, RUNS)[0] == "staged"  # where batch stalls it is not within
     assert choose(cal, "load", 4 << 10, RUNS, max_slowdown=float("inf"))[0] == "staged"
-    cal.slowdown = {k: [None] * 3 if k == "kernel d2h" else [0.3] * 3 for k in cal.slowdown}
+    cal.slowdown = {k: [None] * 3 if k == "kernel store" else [0.3] * 3 for k in cal.slowdown}
     assert choose(cal, "store", 32 << 10, 0)[0] != "kernel"  # never measured: not the gentlest
 
 
 def test_a_stall_between_measured_sizes_rules_out_only_the_sizes_nearest_it():
-    cal = table(beside={"batch d2h": [40, 0.1, 55]}, slowdown={"batch d2h": [0.001, None, 0.001]})
+    cal = table(beside={"batch store": [40, 0.1, 55]}, slowdown={"batch store": [0.001, None, 0.001]})
     assert cal.slowdown_of("batch", "store", 64 << 10) == float("inf")
     assert cal.slowdown_of("batch", "store", 8 << 10) == pytest.approx(0.001)
     assert cal.rate_beside("batch", "store", 8 << 10) > 40  # between 40 and 55, not toward 0.1
@@ -145,18 +145,18 @@ def test_a_stall_between_measured_sizes_rules_out_only_the_sizes_nearest_it():
 
 def test_with_no_method_within_the_slowdown_the_gentlest_wins():
     for gentlest in CANDIDATES:
-        cal = table(slowdown={f"{m} d2h": [0.05 if m == gentlest else 0.1] * 3 for m in CANDIDATES})
+        cal = table(slowdown={f"{m} store": [0.05 if m == gentlest else 0.1] * 3 for m in CANDIDATES})
         assert choose(cal, "store", 16 << 10, 0)[0] == gentlest
 
 
 def test_every_candidate_is_a_method_name():
     assert copy_method("kernel_ctas2") == Kernel(max_ctas=2) and copy_method("kernel_ctas4") == Kernel(max_ctas=4)
-    cal = table(kernel_ctas4__h2d__scattered=[60] * 6)
+    cal = table(kernel_ctas4__load__scattered=[60] * 6)
     assert choose(cal, "load", 4 << 10, 0, max_slowdown=None) == ("kernel_ctas4", 60)
 
 
 def test_sizes_outside_the_table_take_its_ends():
-    cal = table(batch__h2d__scattered=[2, 5, 40, 50, 54, 55])
+    cal = table(batch__load__scattered=[2, 5, 40, 50, 54, 55])
     assert choose(cal, "load", 64, 0, max_slowdown=None)[1] == 2
     assert choose(cal, "load", 1 << 30, 0, max_slowdown=None)[1] == 55
 

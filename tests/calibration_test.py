@@ -14,20 +14,21 @@ import pytest
 import torch
 
 import kvoffload as kv
-from kvoffload import calibration
+from kvoffload import calibration, calibration_cache
 from fake_device import fake_device
 from hostile import as_another_user
-from kvoffload.calibration import Calibration, CalibrationCacheError
+from kvoffload.calibration import Calibration
+from kvoffload.calibration_cache import CalibrationCacheError
 from kvoffload.copy_methods import CANDIDATES
 
 
 def fake(key):
     sizes, beside = calibration.SIZES, calibration.BESIDE_SIZES
-    pairs = [f"{m} {d}" for m in CANDIDATES for d in ("h2d", "d2h")]
+    pairs = [f"{m} {d}" for m in CANDIDATES for d in ("load", "store")]
     return Calibration(key, sizes, {f"{pair} {p}": [float(i + 1) for i in range(len(sizes))]
                                     for pair in pairs for p in calibration.PATTERNS},
                        beside, {pair: [1.0, 2.0, 3.0] for pair in pairs}, {pair: [0.0, 0.01, 0.02] for pair in pairs},
-                       {"h2d": 0.004, "d2h": 0.009})
+                       {"load": 0.004, "store": 0.009})
 
 
 @pytest.fixture
@@ -44,7 +45,7 @@ def test_measured_once_per_device_then_cached_and_read_back(machine, monkeypatch
     assert measured == [1, 0]
     entries = json.loads(file.read_text())
     assert set(entries) == {"fake GPU 0", "fake GPU 1"} and entries["fake GPU 1"]["format"] == calibration.FORMAT
-    monkeypatch.setattr(calibration, "_cached", {})
+    monkeypatch.setattr(calibration_cache, "_cached", {})
     assert calibration.calibration(1) == first and measured == [1, 0]  # from the file
     calibration.calibration(1, recalibrate=True)
     assert measured == [1, 0, 1]
@@ -70,7 +71,7 @@ def test_a_write_replaces_the_file_whole(machine, monkeypatch):
 
 
 def _hold_the_lock(file, ready, release):
-    with calibration._file_lock(file):
+    with calibration_cache._file_lock(file):
         ready.set()
         release.wait(30)
 
@@ -133,19 +134,19 @@ CORRUPT = {
     "an entry with unknown fields": json.dumps({"fake GPU 0": {"format": calibration.FORMAT, "speed": 1},
                                                 "other GPU": _good_entry("other GPU")}).encode(),
     "an entry with a table that is no list": json.dumps(
-        {"fake GPU 0": dict(_good_entry(), rates={"batch h2d scattered": "fast"}),
+        {"fake GPU 0": dict(_good_entry(), rates={"batch load scattered": "fast"}),
          "other GPU": _good_entry("other GPU")}).encode(),
     "an entry with sizes out of order": json.dumps(
         {"fake GPU 0": dict(_good_entry(), sizes=calibration.SIZES[::-1]), "other GPU": _good_entry("other GPU")}).encode(),
     "an entry with a rate that is not a number": json.dumps(
-        {"fake GPU 0": dict(_good_entry(), beside=dict(_good_entry()["beside"], **{"batch h2d": [1.0, float("nan"), 3.0]})),
+        {"fake GPU 0": dict(_good_entry(), beside=dict(_good_entry()["beside"], **{"batch load": [1.0, float("nan"), 3.0]})),
          "other GPU": _good_entry("other GPU")}).encode(),
     "an entry with a negative rate": json.dumps(
-        {"fake GPU 0": dict(_good_entry(), beside=dict(_good_entry()["beside"], **{"batch h2d": [1.0, -2.0, 3.0]})),
+        {"fake GPU 0": dict(_good_entry(), beside=dict(_good_entry()["beside"], **{"batch load": [1.0, -2.0, 3.0]})),
          "other GPU": _good_entry("other GPU")}).encode(),
     "an entry without one method's tables beside the model": json.dumps(
-        {"fake GPU 0": dict(_good_entry(), beside={k: v for k, v in _good_entry()["beside"].items() if k != "batch h2d"},
-                            slowdown={k: v for k, v in _good_entry()["slowdown"].items() if k != "batch h2d"}),
+        {"fake GPU 0": dict(_good_entry(), beside={k: v for k, v in _good_entry()["beside"].items() if k != "batch load"},
+                            slowdown={k: v for k, v in _good_entry()["slowdown"].items() if k != "batch load"}),
          "other GPU": _good_entry("other GPU")}).encode(),
     "an entry without one method's rates alone": json.dumps(
         {"fake GPU 0": dict(_good_entry(), rates={k: v for k, v in _good_entry()["rates"].items()
@@ -161,12 +162,12 @@ CORRUPT = {
     "an entry of another device": json.dumps({"fake GPU 0": _good_entry("other GPU"),
                                               "other GPU": _good_entry("other GPU")}).encode(),
     "an entry without the bulk copies' slowdown one way": json.dumps(
-        {"fake GPU 0": dict(_good_entry(), bulk_slowdown={"h2d": 0.004}), "other GPU": _good_entry("other GPU")}).encode(),
+        {"fake GPU 0": dict(_good_entry(), bulk_slowdown={"load": 0.004}), "other GPU": _good_entry("other GPU")}).encode(),
     "an entry whose bulk copies' slowdown is not a number": json.dumps(
-        {"fake GPU 0": dict(_good_entry(), bulk_slowdown={"h2d": 0.004, "d2h": "slow"}),
+        {"fake GPU 0": dict(_good_entry(), bulk_slowdown={"load": 0.004, "store": "slow"}),
          "other GPU": _good_entry("other GPU")}).encode(),
     "an entry with a table of the wrong length": json.dumps(
-        {"fake GPU 0": dict(_good_entry(), beside=dict(_good_entry()["beside"], **{"batch h2d": [1.0]})),
+        {"fake GPU 0": dict(_good_entry(), beside=dict(_good_entry()["beside"], **{"batch load": [1.0]})),
          "other GPU": _good_entry("other GPU")}).encode(),
 }
 
@@ -185,7 +186,7 @@ def test_a_corrupt_cache_names_the_file_and_recalibrate_replaces_it(machine, mon
     assert entries["fake GPU 0"]["format"] == calibration.FORMAT
     if kind.startswith("an entry"):
         assert entries["other GPU"] == _good_entry("other GPU")  # a readable file keeps the others
-    monkeypatch.setattr(calibration, "_cached", {})
+    monkeypatch.setattr(calibration_cache, "_cached", {})
     assert calibration.calibration(0) == fake("fake GPU 0") and measured == [0]  # read back
 
 
@@ -222,7 +223,7 @@ def test_a_cache_that_is_not_a_regular_file_is_refused_without_blocking(machine,
 def test_a_cache_past_its_size_limit_is_refused_unread(machine, monkeypatch):
     file, measured = machine
     file.write_bytes(b" " * 64)
-    monkeypatch.setattr(calibration, "MAX_FILE_BYTES", 63)
+    monkeypatch.setattr(calibration_cache, "MAX_FILE_BYTES", 63)
     with pytest.raises(CalibrationCacheError, match=r"corrupt calibration cache \(over 63 bytes\)"):
         calibration.calibration(0)
     assert measured == []
@@ -266,7 +267,7 @@ def test_a_cache_of_the_owner_of_a_directory_no_one_else_writes_serves(machine, 
     monkeypatch.setattr(os, "stat", lambda path, **kw: as_squashed(real_stat(path, **kw)))
     assert calibration.calibration(0) == fake("fake GPU 0") and measured == []
     os.chmod(file.parent, 0o775)  # but one its group may write: the file could be anyone's there
-    monkeypatch.setattr(calibration, "_cached", {})
+    monkeypatch.setattr(calibration_cache, "_cached", {})
     with pytest.raises(CalibrationCacheError, match=r"is owned by uid 4242, not by this user"):
         calibration.calibration(0)
 

@@ -3,7 +3,7 @@ keyed "fake GPU N", and measuring is stood in for."""
 
 import torch
 
-from kvoffload import calibration
+from kvoffload import calibration_cache
 
 
 def fake_device(tmp_path, monkeypatch, module, make, suffix=""):
@@ -12,7 +12,7 @@ def fake_device(tmp_path, monkeypatch, module, make, suffix=""):
     monkeypatch.setenv("KVOFFLOAD_CALIBRATION", str(tmp_path / "calibration.json"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(calibration, "device_key", lambda d: f"fake GPU {d}")
+    monkeypatch.setattr(calibration_cache, "device_key", lambda d: f"fake GPU {d}")
     monkeypatch.setattr(module, "measure", lambda d: measured.append(d) or make(f"fake GPU {d}{suffix}"))
-    monkeypatch.setattr(calibration, "_cached", {})
+    monkeypatch.setattr(calibration_cache, "_cached", {})
     return tmp_path / "calibration.json", measured

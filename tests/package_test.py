@@ -2,7 +2,7 @@
 ``kvoffload`` itself, and is the same object as in its module."""
 
 import kvoffload
-from kvoffload import auto, calibration, copy_methods, handler, host_pool, page_methods, planner, pool_memory
+from kvoffload import auto, calibration_cache, copy_methods, handler, host_pool, page_methods, planner, pool_memory
 
 
 def test_every_exported_name_exists():
@@ -13,7 +13,7 @@ def test_every_exported_name_exists():
 def test_the_handler_its_specs_options_and_errors_are_exported_as_defined():
     for module, names in ((handler, ["OffloadHandler", "TransferResult"]), (planner, ["GPUSpec", "CPUSpec"]),
                           (host_pool, ["PoolOptions", "PoolNotReadyError"]),
-                          (pool_memory, ["PinnedMemoryError"]), (calibration, ["CalibrationCacheError"]),
+                          (pool_memory, ["PinnedMemoryError"]), (calibration_cache, ["CalibrationCacheError"]),
                           (page_methods, ["Pages", "PagePath"]), (auto, ["Auto"]),
                           (copy_methods, ["PerCopy", "Batch", "Kernel", "Staged"])):
         for name in names:

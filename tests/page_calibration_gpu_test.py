@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kvoffload as kv
-from kvoffload import calibration, page_calibration, page_methods
+from kvoffload import calibration_cache, page_calibration, page_methods
 from kvoffload.page_calibration import PAGE_BYTES, PATHS
 from kvoffload.vocabulary import Direction
 from kv_model import store_then_load_skipping_first_blocks
@@ -22,7 +22,7 @@ def test_a_measurement_holds_every_path_direction_and_page_size():
     cal = page_calibration.measure(torch.cuda.current_device(), job_bytes=8 << 20, steps=20, rounds=1,
                                    margin=6, warm=0)
     assert cal.valid() and cal.page_bytes == PAGE_BYTES
-    assert cal.key == calibration.device_key(torch.cuda.current_device()) + page_calibration.SUFFIX
+    assert cal.key == calibration_cache.device_key(torch.cuda.current_device()) + page_calibration.SUFFIX
     assert set(cal.beside) == {f"{page_methods.name(p)} {d.value}" for p in PATHS for d in Direction}
     assert all(min(rates) > 0 for rates in (*cal.alone.values(), *cal.beside.values()))
     # Slowdowns are fractions of a step, so each is above -1; no upper bound holds while the

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import kvoffload as kv
-from kvoffload import calibration, job_methods, page_calibration, page_methods
-from kvoffload.calibration import CalibrationCacheError
+from kvoffload import calibration, calibration_cache, job_methods, page_calibration, page_methods
+from kvoffload.calibration_cache import CalibrationCacheError
 from kvoffload.page_calibration import PageCalibration
 from kvoffload.planner import GroupLayout, KVLayout, TensorLayout
 from kvoffload.vocabulary import Direction
@@ -143,7 +143,7 @@ def test_measured_once_then_read_back_beside_the_raw_pointer_entry(machine, monk
     entries = json.loads(file.read_text())
     assert entries["fake GPU 0"] == {"format": calibration.FORMAT, "other": "kept"}
     assert entries["fake GPU 0 | pages"]["format"] == PageCalibration.FORMAT
-    monkeypatch.setattr(calibration, "_cached", {})
+    monkeypatch.setattr(calibration_cache, "_cached", {})
     assert page_calibration.page_calibration(0) == first and measured == [0]
     page_calibration.page_calibration(0, recalibrate=True)
     assert measured == [0, 0]

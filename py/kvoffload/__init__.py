@@ -18,7 +18,7 @@ from kvoffload.batch_copy import (
     stream_device,
 )
 from kvoffload.auto import Auto
-from kvoffload.calibration import CalibrationCacheError
+from kvoffload.calibration_cache import CalibrationCacheError
 from kvoffload.copy_methods import Batch, Kernel, PerCopy, Staged
 from kvoffload.handler import OffloadHandler, TransferResult
 from kvoffload.host_pool import PoolNotReadyError, PoolOptions

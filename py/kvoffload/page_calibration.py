@@ -5,8 +5,8 @@ At each of PAGE_BYTES it makes a handler per path (DMA, the staging ring) over T
 tensors of that page, keeps its jobs (JOB_BYTES each, disjoint, two in flight) beside the
 loop of kvoffload.meter.CALIBRATION_WORKLOAD, with bulk copies in the same run, and
 records each path's rate alone and beside the loop and the loop's step slowdown over the
-bulk copies'. Cached beside the raw-pointer calibration (kvoffload.calibration: the same file
-and lock) under the device's key and "pages", and measured again by
+bulk copies'. Cached beside the raw-pointer calibration (kvoffload.calibration_cache) under
+the device's key and "pages", and measured again by
 
     python -m kvoffload.page_calibration --recalibrate [--device N]
 """
@@ -19,8 +19,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from kvoffload import calibration
-from kvoffload.calibration import _increasing, _interpolate, _numbers
+from kvoffload import calibration_cache
+from kvoffload.calibration_cache import increasing, interpolate, numbers
 from kvoffload.page_methods import PagePath, cpu_layout, name
 from kvoffload.vocabulary import Direction
 
@@ -52,23 +52,23 @@ class PageCalibration:
         ints, rates >= 0, every number finite."""
         names = {f"{name(p)} {d.value}" for p in PATHS for d in Direction}
         sizes = self.page_bytes
-        if not (isinstance(self.key, str) and _increasing(sizes) and sizes):
+        if not (isinstance(self.key, str) and increasing(sizes) and sizes):
             return False
         n = len(sizes)
         tables = (self.alone, self.beside, self.over_bulk, self.noisy)
         if not all(isinstance(t, dict) and set(t) == names for t in tables):
             return False
         rates = (*self.alone.values(), *self.beside.values())
-        return (all(_numbers(t) and len(t) == n for t in (*rates, *self.over_bulk.values()))
+        return (all(numbers(t) and len(t) == n for t in (*rates, *self.over_bulk.values()))
                 and all(v >= 0 for t in rates for v in t)
                 and all(isinstance(t, list) and len(t) == n and all(isinstance(v, bool) for v in t)
                         for t in self.noisy.values())
                 and isinstance(self.bulk_slowdown, dict) and set(self.bulk_slowdown) == {d.value for d in Direction}
-                and _numbers(list(self.bulk_slowdown.values())))
+                and numbers(list(self.bulk_slowdown.values())))
 
     def cost(self, path: PagePath, direction: Direction, page_bytes: float) -> float:
         """The step slowdown over bulk copies', log-interpolated in page bytes."""
-        return _interpolate(self.page_bytes, self.over_bulk[f"{name(path)} {direction.value}"], page_bytes)
+        return interpolate(self.page_bytes, self.over_bulk[f"{name(path)} {direction.value}"], page_bytes)
 
     def worst_cost(self, path: PagePath, page_bytes: float) -> float:
         """The costlier direction's cost()."""
@@ -82,7 +82,7 @@ class PageCalibration:
 
     def rate(self, path: PagePath, direction: Direction, page_bytes: float) -> float:
         """GB/s beside the loop, log-interpolated in page bytes."""
-        return _interpolate(self.page_bytes, self.beside[f"{name(path)} {direction.value}"], page_bytes)
+        return interpolate(self.page_bytes, self.beside[f"{name(path)} {direction.value}"], page_bytes)
 
 
 def choose(cal: PageCalibration, page_bytes: float, max_slowdown: float, batch_copy: bool = True) -> PagePath:
@@ -192,19 +192,19 @@ def measure(device: int, job_bytes: int = JOB_BYTES, **windows) -> PageCalibrati
             over_bulk[key] = [r.step_slowdown - bulk_slowdown[d.value] for r in results]
             # A dry step waited for the host: its slowdown says nothing (kvoffload.meter).
             noisy[key] = [bool(r.noisy or r.dry_steps or got["bulk", d, 0].noisy) for r in results]
-    return PageCalibration(calibration.device_key(device) + SUFFIX, list(PAGE_BYTES), alone, beside, over_bulk, noisy,
+    return PageCalibration(calibration_cache.device_key(device) + SUFFIX, list(PAGE_BYTES), alone, beside, over_bulk, noisy,
                            bulk_slowdown)
 
 
 def page_calibration(device: int | None = None, recalibrate: bool = False) -> PageCalibration:
-    """``device``'s page calibration, cached as kvoffload.calibration.calibration() caches
+    """``device``'s page calibration, cached as kvoffload.calibration_cache.cached() caches
     its own: in this process, else from the file, else measured now and saved."""
-    return calibration.cached(device, SUFFIX, PageCalibration, lambda d: measure(d), recalibrate)
+    return calibration_cache.cached(device, SUFFIX, PageCalibration, lambda d: measure(d), recalibrate)
 
 
 def main(argv: list[str]) -> None:
-    cal = page_calibration(calibration.recalibrate_device(argv, "kvoffload.page_calibration"), recalibrate=True)
-    print(f"{cal.key}: written to {calibration.path()}")
+    cal = page_calibration(calibration_cache.recalibrate_device(argv, "kvoffload.page_calibration"), recalibrate=True)
+    print(f"{cal.key}: written to {calibration_cache.path()}")
     print("bulk copies' slowdown: " + ", ".join(f"{d} {s:+.2%}" for d, s in cal.bulk_slowdown.items()))
     print(f"{'':<20}" + "".join(f"{b >> 10:>10} KiB{'':>15}" for b in cal.page_bytes))
     print("GB/s alone / beside @ step slowdown over bulk copies' (? where noisy)")
