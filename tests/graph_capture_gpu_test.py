@@ -93,7 +93,8 @@ def test_copy_calls_refuse_a_capturing_stream_before_copying():
 @pytest.mark.parametrize("method", ["pages", "pages_staged", "pages_dma", "batch"])
 def test_jobs_copy_right_while_another_thread_captures_in_global_mode(method):
     # torch.cuda.graph's default mode is global: other threads may not make unsafe calls.
-    # A job must copy right, or fail naming the capture; never succeed with wrong bytes.
+    # A job from a stream of the caller's own must copy right, or fail naming the capture;
+    # never succeed with wrong bytes.
     rng = np.random.default_rng(11)
     _, gpu = one_allocation(rng)
     handler = OffloadHandler(gpu, CHUNKS, 1, method=method)
@@ -119,13 +120,18 @@ def test_jobs_copy_right_while_another_thread_captures_in_global_mode(method):
         finally:
             capturing.set()
 
+    side = torch.cuda.Stream()
     thread = threading.Thread(target=capture)
     thread.start()
     try:
         assert capturing.wait(30)
         try:  # everything the store and load ask of CUDA happens while the capture is open
-            handler.store("store", GPUSpec(stored, [8], [0]), CPUSpec(chunks))
-            handler.load("load", CPUSpec(chunks), GPUSpec(loaded, [8], [0]))
+            # The legacy default stream takes part in every capture of its device.
+            with pytest.raises(ValueError, match="current stream: " + CAPTURING + r" \(the legacy default stream"):
+                handler.store("refused", GPUSpec(stored, [8], [0]), CPUSpec(chunks))
+            with torch.cuda.stream(side):
+                handler.store("store", GPUSpec(stored, [8], [0]), CPUSpec(chunks))
+                handler.load("load", CPUSpec(chunks), GPUSpec(loaded, [8], [0]))
             handler.wait(["store", "load"])
         finally:
             release.set()

@@ -24,7 +24,7 @@ bool PrimaryContextActive(int device) {
 }  // namespace
 
 int StreamDevice(cudaStream_t stream) {
-  RequireCudaDevice();
+  RequireNotCapturing(stream);
   int device = 0;
   CheckCuda(cudaStreamGetDevice(stream, &device), "cudaStreamGetDevice");
   return device;
@@ -35,8 +35,13 @@ void RequireNotCapturing(cudaStream_t stream, const char* name) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   CheckCuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
   if (status != cudaStreamCaptureStatusNone) {
+    // The legacy stream answers for every capture of its device, other threads' too.
+    const bool legacy = stream == nullptr || stream == cudaStreamLegacy;
     throw std::invalid_argument(
         std::string(name) + ": is capturing a CUDA graph" +
+        (legacy ? " (the legacy default stream, while a capture is under way on this device: "
+                  "submit from a stream of your own)"
+                : "") +
         (status == cudaStreamCaptureStatusInvalidated ? " (the capture is invalidated)" : "") +
         "; kvoffload's copies are not recorded into graphs: submit them outside the capture");
   }

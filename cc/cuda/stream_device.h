@@ -5,7 +5,9 @@
 
 namespace kvoffload {
 
-// The device a stream belongs to (the current device for the legacy stream).
+// The device a stream belongs to (the current device for the legacy stream), once the
+// stream is known not to be capturing a graph (RequireNotCapturing): the driver will not
+// say during a capture, and every copy asks it first.
 int StreamDevice(cudaStream_t stream);
 
 // Throws std::invalid_argument naming `name` where `stream` is capturing a CUDA graph:
@@ -33,11 +35,10 @@ class DeviceGuard {
 };
 
 // The stream's device made current, which the driver's batch call and kernel launches
-// need on this thread, once the stream is known not to be capturing a graph.
+// need on this thread.
 class StreamDeviceGuard : public DeviceGuard {
  public:
-  explicit StreamDeviceGuard(cudaStream_t stream)
-      : DeviceGuard((RequireNotCapturing(stream), StreamDevice(stream))) {}
+  explicit StreamDeviceGuard(cudaStream_t stream) : DeviceGuard(StreamDevice(stream)) {}
 };
 
 }  // namespace kvoffload
