@@ -79,8 +79,8 @@ def copy_exactly(direction, block, runs, **copy_options):
 def test_auto_copies_are_exact_with_the_method_it_chose(direction, block, runs, max_slowdown):
     result, host_side = copy_exactly(direction, block, runs, max_slowdown=max_slowdown)
     n = (16 << 20) // block
-    chosen, _ = auto.choose(calibration.calibration(), direction, block,
-                            auto.mean_host_run(host_side, np.full(n, block)), max_slowdown)
+    chosen, _ = calibration.calibration().choose(direction, block, auto.mean_host_run(host_side, np.full(n, block)),
+                                                 max_slowdown)
     assert result.path == copy_methods.copy_method(chosen).name  # the paths are named as the methods
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import kvoffload as kv
-from kvoffload import calibration_cache, page_calibration, page_methods
-from kvoffload.page_calibration import PAGE_BYTES, PATHS
+from kvoffload import calibration_cache, page_calibration
+from kvoffload.page_calibration import PAGE_BYTES, VARIANTS
 from kvoffload.vocabulary import Direction
 from kv_model import store_then_load_skipping_first_blocks
 
@@ -23,7 +23,7 @@ def test_a_measurement_holds_every_path_direction_and_page_size():
                                    margin=6, warm=0)
     assert cal.valid() and cal.page_bytes == PAGE_BYTES
     assert cal.key == calibration_cache.device_key(torch.cuda.current_device()) + page_calibration.SUFFIX
-    assert set(cal.beside) == {f"{page_methods.name(p)} {d.value}" for p in PATHS for d in Direction}
+    assert set(cal.beside) == {f"{v} {d.value}" for v in VARIANTS for d in Direction}
     assert all(min(rates) > 0 for rates in (*cal.alone.values(), *cal.beside.values()))
     # Slowdowns are fractions of a step, so each is above -1; no upper bound holds while the
     # suite's other workers share the GPU.
@@ -31,6 +31,19 @@ def test_a_measurement_holds_every_path_direction_and_page_size():
     assert all(-1 < s < math.inf for s in cal.bulk_slowdown.values())
     assert all(-1 < s + cal.bulk_slowdown[key.split()[-1]] < math.inf
                for key, costs in cal.over_bulk.items() for s in costs)
+
+
+def test_each_source_moves_its_jobs_and_rows_go_as_2d_copies():
+    job_bytes = 4 << 20
+    held, sources = page_calibration.page_sources(torch, "cuda", job_bytes)
+    assert len(sources) == len(PAGE_BYTES) * len(VARIANTS) * len(Direction)
+    for key, make in sources.items():
+        copies = make()
+        copies.top_up()  # two jobs in flight
+        assert copies.drain() == 2 * job_bytes, key
+    tables = held[2::3]  # (cache, pool, table) per page size and variant, in VARIANTS' order
+    for table, (path, rows) in zip(tables, list(VARIANTS.values()) * len(PAGE_BYTES)):
+        assert table.rows(torch.cuda.current_device())[0][0] == rows
 
 
 @pytest.mark.parametrize("page", [512, 1024])

@@ -14,20 +14,18 @@ host side scattered, which its DMA of small copies holds it to.
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from typing import ClassVar
 
 import numpy as np
 
 from kvoffload import calibration as calibrations
 from kvoffload.batch_copy import CopyResult, SrcAccessOrder, copy_arguments, stream_device
-from kvoffload.calibration import RUN_BYTES, Calibration
+from kvoffload.calibration import MAX_SLOWDOWN
 from kvoffload.copy_methods import CANDIDATES, CopyMethod, copy_method
+from kvoffload.cost_rule import check_max_slowdown
 from kvoffload.vocabulary import Direction
 
 METHODS = tuple(CANDIDATES)  # the names a method may be given by
-MAX_SLOWDOWN = 0.02
 
 
 def mean_host_run(host: np.ndarray, sizes: np.ndarray) -> float:
@@ -37,31 +35,6 @@ def mean_host_run(host: np.ndarray, sizes: np.ndarray) -> float:
         return 0.0
     runs = 1 + int(np.count_nonzero(host[1:] != host[:-1] + sizes[:-1]))
     return float(sizes.sum()) / runs
-
-
-def choose(cal: Calibration, direction: Direction | str, copy_bytes: float, host_run_bytes: float,
-           max_slowdown: float | None = MAX_SLOWDOWN) -> tuple[str, float]:
-    """(method, predicted GB/s) for a job. Where no method is within max_slowdown, the
-    one that slows the model least. The method is a name of copy_methods.CANDIDATES."""
-    def runs(method):
-        return CANDIDATES[method].name == "staged" and host_run_bytes >= RUN_BYTES
-
-    def alone(method):
-        return cal.rate(method, direction, "host_runs" if runs(method) else "scattered", copy_bytes)
-
-    if max_slowdown is None:
-        best = max(CANDIDATES, key=alone)
-        return best, alone(best)
-
-    def beside(method):
-        rate = cal.rate_beside(method, direction, copy_bytes)
-        short_runs = CANDIDATES[method].name == "staged" and not runs(method)
-        return min(rate, alone(method)) if short_runs else rate
-
-    slowdown = {m: cal.over_bulk(m, direction, copy_bytes) for m in CANDIDATES}
-    within = [m for m in CANDIDATES if slowdown[m] <= max_slowdown and slowdown[m] != math.inf]
-    best = max(within, key=beside) if within else min(CANDIDATES, key=slowdown.get)
-    return best, beside(best)
 
 
 def copy(src, dst, sizes, stream=None, *, direction: Direction | str,
@@ -94,7 +67,7 @@ def chosen(src, dst, sizes, stream=None, *, direction: Direction | str,
     cal = calibrations.calibration(stream_device(stream))
     host = direction.host_of(src, dst)
     mean = float(sizes.mean()) if len(sizes) else 0.0
-    return choose(cal, direction, mean, mean_host_run(host, sizes), max_slowdown)[0]
+    return cal.choose(direction, mean, mean_host_run(host, sizes), max_slowdown)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,19 +84,3 @@ class Auto:
                  order=SrcAccessOrder.STREAM, registry) -> CopyResult:
         return copy(src, dst, sizes, stream, direction=direction, max_slowdown=self.max_slowdown,
                     order=order, registry=registry)
-
-
-def check_max_slowdown(max_slowdown) -> None:
-    """A number >= 0 (numpy's too) or None; not a bool, which JSON configs give for a typo."""
-    if max_slowdown is not None and not (isinstance(max_slowdown, numbers.Real) and max_slowdown >= 0
-                                         and not isinstance(max_slowdown, (bool, np.bool_))
-                                         and _fits_a_float(max_slowdown)):
-        raise ValueError(f"max_slowdown: must be a number >= 0 or None, got {max_slowdown!r}")
-
-
-def _fits_a_float(value) -> bool:
-    try:
-        float(value)
-    except OverflowError:
-        return False
-    return True

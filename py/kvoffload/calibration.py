@@ -25,6 +25,7 @@ import numpy as np
 
 from kvoffload import calibration_cache
 from kvoffload.calibration_cache import increasing, interpolate, numbers
+from kvoffload.cost_rule import fastest_within
 from kvoffload.copy_methods import CANDIDATES
 from kvoffload.registry import UNCHECKED
 from kvoffload.vocabulary import Direction
@@ -33,6 +34,7 @@ SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20]
 BESIDE_SIZES = [4 << 10, 64 << 10, 2 << 20]
 PATTERNS = ("scattered", "host_runs")
 RUN_BYTES = 256 << 10
+MAX_SLOWDOWN = 0.02  # method="auto"'s default budget over bulk copies' step slowdown
 FORMAT = 13  # entries of another format (13: directions spelt store / load) are measured again
 
 
@@ -80,6 +82,31 @@ class Calibration:
     def over_bulk(self, method: str, direction: Direction | str, copy_bytes: float) -> float:
         """slowdown_of less the bulk copies' slowdown in that direction."""
         return self.slowdown_of(method, direction, copy_bytes) - self.bulk_slowdown[_short(direction)]
+
+    def choose(self, direction: Direction | str, copy_bytes: float, host_run_bytes: float,
+               max_slowdown: float | None = MAX_SLOWDOWN) -> tuple[str, float]:
+        """(method, predicted GB/s) for a job of copies of ``copy_bytes`` on average whose
+        host side comes in runs of ``host_run_bytes``: kvoffload.cost_rule's fastest
+        within ``max_slowdown`` beside the model; None takes the fastest alone. The method
+        is a name of copy_methods.CANDIDATES."""
+        def runs(method):
+            return CANDIDATES[method].name == "staged" and host_run_bytes >= RUN_BYTES
+
+        def alone(method):
+            return self.rate(method, direction, "host_runs" if runs(method) else "scattered", copy_bytes)
+
+        if max_slowdown is None:
+            best = max(CANDIDATES, key=alone)
+            return best, alone(best)
+
+        def beside(method):
+            rate = self.rate_beside(method, direction, copy_bytes)
+            short_runs = CANDIDATES[method].name == "staged" and not runs(method)
+            return min(rate, alone(method)) if short_runs else rate
+
+        slowdown = {m: self.over_bulk(m, direction, copy_bytes) for m in CANDIDATES}
+        best = fastest_within(CANDIDATES, slowdown.get, beside, max_slowdown)
+        return best, beside(best)
 
     def valid(self) -> bool:
         """Whether the fields read from a file make a calibration that choose() can read:

@@ -151,7 +151,7 @@ class PageJobs:
             logger.warning("kvoffload: the staging ring's slots are held in persisting L2; the set-aside "
                            "slows every step of a model on this device (docs/studies.md)")
         for d in Direction if cal is not None else ():
-            if cal.noisy_at(d, page):
+            if cal.noisy_at(d, page, choice.by_rows):
                 logger.warning("kvoffload: the page calibration's %s figures near %.0f page bytes were "
                                "noisy; measure again with python -m kvoffload.page_calibration "
                                "--recalibrate", d.value, page)
@@ -159,14 +159,18 @@ class PageJobs:
                 else [])
         strided = [g for g, r in enumerate(rows) if r[0]]
         per_page = [f"group {g}: {r[1]}" for g, r in enumerate(rows) if not r[0] and r[2] > 0]
-        if cal is not None:
-            why = page_calibration.why(cal, self.paths[Direction.STORE], page, method.max_slowdown, choice.batch_copy)
-        elif choice.by_rows and per_page:
+        refused = choice.by_rows and per_page
+        if refused:
             # The driver said no (another allocation, a pitch past the device's largest):
             # the choice without rows, whose DMA would go a page at a time.
-            self.paths = page_methods.choose(method, page_methods.layout_pages(layout), choice.batch_copy, None, False)
-            why = "built-in choice: the tensors are not rows the driver copies in 2D (" + ", ".join(per_page) + ")"
+            self.paths = page_methods.choose(method, page_methods.layout_pages(layout), choice.batch_copy, cal, False)
+            refusal = "the tensors are not rows the driver copies in 2D (" + ", ".join(per_page) + ")"
             strided = per_page = []
+        if cal is not None:
+            why = cal.why(self.paths[Direction.STORE], page, method.max_slowdown, choice.batch_copy,
+                          choice.by_rows and not refused) + (f"; {refusal}" if refused else "")
+        elif refused:
+            why = f"built-in choice: {refusal}"
         elif choice.by_rows:
             why = "built-in choice: every group's tensors are rows of one allocation"
         else:

@@ -1,12 +1,14 @@
 """What each page path costs a model beside it on this device, by page bytes and
 direction: what kvoffload.Pages(max_slowdown=...) chooses by.
 
-At each of PAGE_BYTES it makes a handler per path (DMA, the staging ring) over TENSORS
-tensors of that page, keeps its jobs (JOB_BYTES each, disjoint, two in flight) beside the
-loop of kvoffload.meter.CALIBRATION_WORKLOAD, with bulk copies in the same run, and
-records each path's rate alone and beside the loop and the loop's step slowdown over the
-bulk copies'. Cached beside the raw-pointer calibration (kvoffload.calibration_cache) under
-the device's key and "pages", and measured again by
+At each of PAGE_BYTES it lays out TENSORS tensors of that page and a pinned pool, as a
+handler would, and keeps jobs (JOB_BYTES each, disjoint, two in flight) of each of
+VARIANTS going through the C++ page table: DMA a copy per page over separate tensors, DMA
+by 2D copies over rows of one allocation (vLLM 0.32 and later's LBHNC), and the staging
+ring. Each runs beside the loop of kvoffload.meter.CALIBRATION_WORKLOAD, with bulk copies
+in the same run; the record is its rate alone and beside the loop and the loop's step
+slowdown over the bulk copies'. Cached beside the raw-pointer calibration
+(kvoffload.calibration_cache) under the device's key and "pages", and measured again by
 
     python -m kvoffload.page_calibration --recalibrate [--device N]
 """
@@ -14,6 +16,7 @@ the device's key and "pages", and measured again by
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from typing import ClassVar
 
@@ -21,6 +24,7 @@ import numpy as np
 
 from kvoffload import calibration_cache
 from kvoffload.calibration_cache import increasing, interpolate, numbers
+from kvoffload.cost_rule import fastest_within
 from kvoffload.page_methods import PagePath, cpu_layout, name
 from kvoffload.vocabulary import Direction
 
@@ -29,28 +33,39 @@ TENSORS = 32
 JOB_BYTES = 128 << 20
 JOBS = 4  # taken in turn, two in flight
 PATHS = (PagePath.DMA, PagePath.STAGED)
+ROWS = "pages_dma_rows"
+# The variants measured, by name: (path, whether the tensors are rows of one allocation).
+VARIANTS = {name(PagePath.DMA): (PagePath.DMA, False), ROWS: (PagePath.DMA, True),
+            name(PagePath.STAGED): (PagePath.STAGED, False)}
 SUFFIX = " | pages"
 TIE = 0.05  # rates beside the loop this close count as equal
+
+
+def variant(path: PagePath, rows: bool = False) -> str:
+    """The name of what ``path`` runs as: DMA over rows of one allocation goes by 2D copies."""
+    return ROWS if rows and path == PagePath.DMA else name(path)
 
 
 @dataclasses.dataclass
 class PageCalibration:
     key: str
     page_bytes: list[int]
-    # "method direction" (pages_dma store, ...) -> per page size:
+    # "variant direction" (pages_dma store, pages_dma_rows load, ...) -> per page size:
     alone: dict[str, list[float]]  # GB/s with nothing beside
     beside: dict[str, list[float]]  # GB/s beside the loop
     over_bulk: dict[str, list[float]]  # step slowdown less the bulk copies'
     noisy: dict[str, list[bool]]  # |idle drift| over kvoffload.meter.NOISE, copies short of a window, or dry steps
     bulk_slowdown: dict[str, float]  # direction -> the bulk copies' step slowdown
-    FORMAT: ClassVar[int] = 5  # 5: each path on its default pool layout (4: all chunk-major; 3: the prefill loop)
+    # 6: on page tables, with 2D copies over one allocation (5: through handlers; 4: all
+    # chunk-major; 3: the prefill loop)
+    FORMAT: ClassVar[int] = 6
     MODULE: ClassVar[str] = "kvoffload.page_calibration"  # whose --recalibrate measures it
     NEEDED_BY: ClassVar[str] = "Pages(max_slowdown)"
 
     def valid(self) -> bool:
         """Whether the fields read from a file make a calibration: page sizes increasing
         ints, rates >= 0, every number finite."""
-        names = {f"{name(p)} {d.value}" for p in PATHS for d in Direction}
+        names = {f"{v} {d.value}" for v in VARIANTS for d in Direction}
         sizes = self.page_bytes
         if not (isinstance(self.key, str) and increasing(sizes) and sizes):
             return False
@@ -66,101 +81,99 @@ class PageCalibration:
                 and isinstance(self.bulk_slowdown, dict) and set(self.bulk_slowdown) == {d.value for d in Direction}
                 and numbers(list(self.bulk_slowdown.values())))
 
-    def cost(self, path: PagePath, direction: Direction, page_bytes: float) -> float:
-        """The step slowdown over bulk copies', log-interpolated in page bytes."""
-        return interpolate(self.page_bytes, self.over_bulk[f"{name(path)} {direction.value}"], page_bytes)
+    def cost(self, path: PagePath, direction: Direction, page_bytes: float, rows: bool = False) -> float:
+        """The step slowdown over bulk copies', log-interpolated in page bytes. rows: the
+        tensors are rows of one allocation (their DMA goes by 2D copies)."""
+        return interpolate(self.page_bytes, self.over_bulk[f"{variant(path, rows)} {direction.value}"], page_bytes)
 
-    def worst_cost(self, path: PagePath, page_bytes: float) -> float:
+    def worst_cost(self, path: PagePath, page_bytes: float, rows: bool = False) -> float:
         """The costlier direction's cost()."""
-        return max(self.cost(path, d, page_bytes) for d in Direction)
+        return max(self.cost(path, d, page_bytes, rows) for d in Direction)
 
-    def noisy_at(self, direction: Direction, page_bytes: float) -> bool:
+    def noisy_at(self, direction: Direction, page_bytes: float, rows: bool = False) -> bool:
         """Whether a figure that the choice at page_bytes interpolates from was noisy."""
         i = int(np.searchsorted(self.page_bytes, page_bytes))
         near = {min(max(i - 1, 0), len(self.page_bytes) - 1), min(i, len(self.page_bytes) - 1)}
-        return any(self.noisy[f"{name(p)} {direction.value}"][j] for p in PATHS for j in near)
+        return any(self.noisy[f"{variant(p, rows)} {direction.value}"][j] for p in PATHS for j in near)
 
-    def rate(self, path: PagePath, direction: Direction, page_bytes: float) -> float:
+    def rate(self, path: PagePath, direction: Direction, page_bytes: float, rows: bool = False) -> float:
         """GB/s beside the loop, log-interpolated in page bytes."""
-        return interpolate(self.page_bytes, self.beside[f"{name(path)} {direction.value}"], page_bytes)
+        return interpolate(self.page_bytes, self.beside[f"{variant(path, rows)} {direction.value}"], page_bytes)
+
+    def choose(self, page_bytes: float, max_slowdown: float, batch_copy: bool = True, rows: bool = False) -> PagePath:
+        """The one path for both directions, by kvoffload.cost_rule: the fastest beside the
+        loop (both ways' rates summed) of those whose costlier direction is within
+        ``max_slowdown``, rates within TIE of it going to the cheaper; where none is
+        within, the cheapest. Without the driver's batch copy, the ring."""
+        # Ring stores beside DMA loads moved 53-55 GB/s both ways, against 96-98 for DMA both
+        # ways (bench/results/vllm_worker_page_calibration_h200.json); only that mix was seen
+        # to collapse, but one path rules it out.
+        return fastest_within(PATHS if batch_copy else (PagePath.STAGED,),
+                              lambda p: self.worst_cost(p, page_bytes, rows),
+                              lambda p: sum(self.rate(p, d, page_bytes, rows) for d in Direction),
+                              max_slowdown, TIE)
+
+    def why(self, path: PagePath, page_bytes: float, max_slowdown: float, batch_copy: bool = True,
+            rows: bool = False) -> str:
+        """Why choose() took ``path``, for the log."""
+        if not batch_copy:
+            return "the ring: the driver has no batch copy"
+        cost = self.worst_cost(path, page_bytes, rows)
+        within = f"within {max_slowdown:.2%}" if cost <= max_slowdown else f"the least; none is within {max_slowdown:.2%}"
+        return f"{cost:+.2%} over bulk copies' slowdown by the page calibration, {within}"
 
 
-def choose(cal: PageCalibration, page_bytes: float, max_slowdown: float, batch_copy: bool = True) -> PagePath:
-    """The one path for both directions: of those within ``max_slowdown`` over bulk
-    copies' both ways, the fastest beside the loop (both ways' rates summed), where rates
-    within TIE of the fastest go to the cheaper; where none is within, the one whose
-    costlier direction costs least. Without the driver's batch copy, the ring."""
-    # Ring stores beside DMA loads moved 53-55 GB/s both ways, against 96-98 for DMA both
-    # ways (bench/results/vllm_worker_page_calibration_h200.json); only that mix was seen
-    # to collapse, but one path rules it out.
-    paths = PATHS if batch_copy else (PagePath.STAGED,)
-
-    def cost(path):
-        return cal.worst_cost(path, page_bytes)
-
-    def rate(path):
-        return sum(cal.rate(path, d, page_bytes) for d in Direction)
-
-    within = [p for p in paths if cost(p) <= max_slowdown]
-    if not within:
-        return min(paths, key=cost)
-    fastest = max(rate(p) for p in within)
-    return min((p for p in within if rate(p) >= (1 - TIE) * fastest), key=cost)
-
-
-def why(cal: PageCalibration, path: PagePath, page_bytes: float, max_slowdown: float,
-        batch_copy: bool = True) -> str:
-    """Why choose() took ``path``, for the log."""
-    if not batch_copy:
-        return "the ring: the driver has no batch copy"
-    cost = cal.worst_cost(path, page_bytes)
-    within = f"within {max_slowdown:.2%}" if cost <= max_slowdown else f"the least; none is within {max_slowdown:.2%}"
-    return f"{cost:+.2%} over bulk copies' slowdown by the page calibration, {within}"
-
-
-def _jobs(rng, n: int, count: int) -> list:
-    """``count`` jobs of n random blocks to n random chunks, out of count * n of each. No
-    two share a block or a chunk: a job that conflicts with the one before waits for it,
-    and the ring's stages would not overlap."""
-    from kvoffload.planner import CPUSpec, GPUSpec
-
+def _jobs(rng, n: int, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``count`` jobs (block ids, chunk ids) of n random blocks to n random chunks, out of
+    count * n of each. No two share a block or a chunk: a job that conflicts with the one
+    before waits for it, and the ring's stages would not overlap."""
     blocks = rng.permutation(count * n).astype(np.int64).reshape(count, n)
     chunks = rng.permutation(count * n).astype(np.int64).reshape(count, n)
-    return [(GPUSpec(b, [n], [0]), CPUSpec(c)) for b, c in zip(blocks, chunks)]
+    return list(zip(blocks, chunks))
+
+
+def _cache(torch, where: str, blocks: int, page: int, rows: bool) -> list:
+    """TENSORS tensors of [blocks, page]: separate, or rows of one allocation."""
+    if rows:
+        backing = torch.empty((TENSORS, blocks, page), dtype=torch.uint8, device=where)
+        return [backing[t] for t in range(TENSORS)]
+    return [torch.empty((blocks, page), dtype=torch.uint8, device=where) for _ in range(TENSORS)]
 
 
 def page_sources(torch, where: str, job_bytes: int = JOB_BYTES) -> tuple[list, dict]:
-    """(handlers, sources): per page size of PAGE_BYTES, one cache of TENSORS tensors and a
-    handler per path on it; sources[path, direction, page] makes the Copies that keep that
-    handler's jobs in flight. The caller shuts the handlers down."""
-    from kvoffload.handler import OffloadHandler
-    from kvoffload.page_methods import Pages
-    from kvoffload.steady_copies import HandlerAsWorker, WorkerCopies
+    """(held, sources): per page size of PAGE_BYTES and variant of VARIANTS, a cache, a
+    pinned pool laid out as a handler lays out its own for that path, and their page
+    table; sources[variant, direction, page] makes the Copies that keep its jobs in flight
+    on a stream per direction. ``held`` keeps the memory alive while they run."""
+    from kvoffload.page_table import page_table
+    from kvoffload.pool_layout import kv_layout, pool_bytes
+    from kvoffload.steady_copies import RawCopies
 
     rng = np.random.default_rng(0)
-    handlers, sources = [], {}
-    try:
-        for page in PAGE_BYTES:
-            n = max(1, job_bytes // (TENSORS * page))
-            jobs = _jobs(rng, n, JOBS)
-            blocks = JOBS * n
-            cache = [torch.empty((blocks, page), dtype=torch.uint8, device=where) for _ in range(TENSORS)]
-            for path in PATHS:
-                handler = OffloadHandler([cache], blocks, 1, method=Pages(path),
-                                         cpu_layout=cpu_layout({d: path for d in Direction}))
-                handlers.append(handler)
-                for d in Direction:
-                    sources[path, d, page] = (lambda w=HandlerAsWorker(handler), d=d, jobs=jobs:
-                                              WorkerCopies(w, {d.value: jobs}, d.value))
-    except BaseException:
-        for handler in handlers:
-            handler.shutdown()
-        raise
-    return handlers, sources
+    streams = {d: torch.cuda.Stream(where) for d in Direction}
+    held, sources = [], {}
+    for page in PAGE_BYTES:
+        n = max(1, job_bytes // (TENSORS * page))
+        jobs = _jobs(rng, n, JOBS)
+        blocks = JOBS * n
+        pages = [[page] * TENSORS]
+        for key, (path, rows) in VARIANTS.items():
+            cache = _cache(torch, where, blocks, page, rows)
+            pool = torch.empty(pool_bytes(pages, [blocks], 1), dtype=torch.uint8, pin_memory=True)
+            # A handler lays its pool out chunk-major where DMA goes by rows (job_methods.cpu_layout_for).
+            layout = kv_layout([cache], pages, [blocks], 1, pool.data_ptr(),
+                               "chunk_major" if rows else cpu_layout({d: path for d in Direction}))
+            table = page_table(layout)
+            held += [cache, pool, table]
+            for d in Direction:
+                calls = [(functools.partial(table.copy, b, c, [n], [0], direction=d.native, stream=streams[d],
+                                            path=path, strided=rows), n * TENSORS * page) for b, c in jobs]
+                sources[key, d, page] = functools.partial(RawCopies, torch, calls, streams[d])
+    return held, sources
 
 
 def measure(device: int, job_bytes: int = JOB_BYTES, **windows) -> PageCalibration:
-    """Measures every path at every page size on ``device``: a few minutes.
+    """Measures every variant at every page size on ``device``: a few minutes.
     windows: kvoffload.meter.measure's steps, rounds and margin (default: its own)."""
     import torch
 
@@ -169,31 +182,29 @@ def measure(device: int, job_bytes: int = JOB_BYTES, **windows) -> PageCalibrati
 
     where = f"cuda:{device}"
     with torch.cuda.device(device):
-        handlers, sources = page_sources(torch, where, job_bytes)
-        try:
-            for d in Direction:  # made once: its pinned buffers are not allocated inside a window
-                bulk = BulkCopies(torch, d.value, job_bytes, device=where)
-                sources["bulk", d, 0] = lambda bulk=bulk: bulk
-            # Alone first: a handler's first jobs load its kernels and make its rings.
-            rates = {key: meter.alone(make(), seconds=0.3, warm_seconds=0.2) for key, make in sources.items()}
-            loop = compute_loop.ComputeLoop(torch, meter.CALIBRATION_WORKLOAD, where)
-            got = meter.measure(loop, sources, **windows)
-        finally:
-            for handler in handlers:
-                handler.shutdown()
+        held, sources = page_sources(torch, where, job_bytes)
+        for d in Direction:  # made once: its pinned buffers are not allocated inside a window
+            bulk = BulkCopies(torch, d.value, job_bytes, device=where)
+            sources["bulk", d, 0] = lambda bulk=bulk: bulk
+        # Alone first: a table's first jobs load its kernels and make its rings.
+        rates = {key: meter.alone(make(), seconds=0.3, warm_seconds=0.2) for key, make in sources.items()}
+        loop = compute_loop.ComputeLoop(torch, meter.CALIBRATION_WORKLOAD, where)
+        got = meter.measure(loop, sources, **windows)
+        torch.cuda.synchronize(device)
+        del held
     bulk_slowdown = {d.value: got["bulk", d, 0].step_slowdown for d in Direction}
     alone, beside, over_bulk, noisy = {}, {}, {}, {}
-    for path in PATHS:
+    for key in VARIANTS:
         for d in Direction:
-            results = [got[path, d, page] for page in PAGE_BYTES]
-            key = f"{name(path)} {d.value}"
-            alone[key] = [rates[path, d, page] for page in PAGE_BYTES]
-            beside[key] = [r.gb_per_s for r in results]
-            over_bulk[key] = [r.step_slowdown - bulk_slowdown[d.value] for r in results]
+            results = [got[key, d, page] for page in PAGE_BYTES]
+            name_ = f"{key} {d.value}"
+            alone[name_] = [rates[key, d, page] for page in PAGE_BYTES]
+            beside[name_] = [r.gb_per_s for r in results]
+            over_bulk[name_] = [r.step_slowdown - bulk_slowdown[d.value] for r in results]
             # A dry step waited for the host: its slowdown says nothing (kvoffload.meter).
-            noisy[key] = [bool(r.noisy or r.dry_steps or got["bulk", d, 0].noisy) for r in results]
-    return PageCalibration(calibration_cache.device_key(device) + SUFFIX, list(PAGE_BYTES), alone, beside, over_bulk, noisy,
-                           bulk_slowdown)
+            noisy[name_] = [bool(r.noisy or r.dry_steps or got["bulk", d, 0].noisy) for r in results]
+    return PageCalibration(calibration_cache.device_key(device) + SUFFIX, list(PAGE_BYTES), alone, beside, over_bulk,
+                           noisy, bulk_slowdown)
 
 
 def page_calibration(device: int | None = None, recalibrate: bool = False) -> PageCalibration:

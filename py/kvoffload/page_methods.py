@@ -18,7 +18,7 @@ import dataclasses
 from typing import ClassVar
 
 from kvoffload import _C
-from kvoffload.auto import check_max_slowdown
+from kvoffload.cost_rule import check_max_slowdown
 from kvoffload.ints import require_int
 from kvoffload.vocabulary import Direction
 
@@ -131,11 +131,9 @@ def choose(method: Pages, pages, batch_copy: bool = True, cal=None,
         return {d: method.path for d in Direction}
     page = mean_page_bytes(pages)
     if method.max_slowdown is not None:
-        from kvoffload import page_calibration
-
         if cal is None:
             raise ValueError("cal: a page method with a max_slowdown chooses from a page calibration, got None")
-        path = page_calibration.choose(cal, page, method.max_slowdown, batch_copy)
+        path = cal.choose(page, method.max_slowdown, batch_copy, rows)
         return {d: path for d in Direction}
     return {d: PagePath.DMA if batch_copy and (rows or page >= DMA_FROM_PAGE_BYTES[d]) else PagePath.STAGED
             for d in Direction}
