@@ -63,6 +63,9 @@ def test_a_page_method_object_names_its_bad_options():
     assert type(ring.slot_bytes) is int and type(ring.slots) is int and (ring.slot_bytes, ring.slots) == (1 << 20, 3)
     with pytest.raises(TypeError, match="slots_in_l2: expected a bool, got int"):
         page_methods.Pages(slots_in_l2=1)
+    for flag in ("strided", "row_batches"):
+        with pytest.raises(TypeError, match=f"{flag}: expected a bool, got str"):
+            page_methods.Pages(**{flag: "yes"})
     assert page_methods.Pages(PagePath.DMA, ctas=4).name == "pages_dma"
     assert page_methods.Pages().name == "pages"
     assert page_methods.Pages.named("pages") == page_methods.Pages()

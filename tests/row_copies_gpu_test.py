@@ -101,8 +101,9 @@ def test_one_allocation_moves_as_the_model_says(seed):
     for step in range(6):
         ids, chunk_ids, sizes, firsts = random_job(rng, cache, chunks, runs=step % 3 != 0)
         load = step % 2 == 1
+        # Every other pair of steps sends the 2D copies many to a driver call.
         result = table.copy(ids, chunk_ids, sizes, firsts, direction=LOAD if load else STORE, stream=stream,
-                            path=_C.PagePath.DMA)
+                            path=_C.PagePath.DMA, row_batches=(seed + step // 2) % 2 == 1)
         getattr(cache.model, "load" if load else "store")(ids, sizes, firsts, chunk_ids)
         assert result.bytes == sum(p * n * k for p, n, k in zip(pages, sizes, tensors))
         cache.check()
@@ -119,6 +120,13 @@ def test_runs_of_blocks_go_as_one_copy_and_separate_allocations_go_per_page():
     ids, chunk_ids = np.arange(4, 20, dtype=np.int64), np.arange(8, 24, dtype=np.int64)
     result = table.copy(ids, chunk_ids, [16], [0], direction=STORE, stream=stream, path=_C.PagePath.DMA)
     cache.model.store(ids, [16], [0], chunk_ids)
+    assert (result.path, result.copies, result.driver_calls) == ("rows", 1, 1)
+    cache.check()
+    # In a cuMemcpy3DBatchAsync call, to chunks still poisoned: the same one copy.
+    fresh = np.arange(24, 40, dtype=np.int64)
+    result = table.copy(ids, fresh, [16], [0], direction=STORE, stream=stream, path=_C.PagePath.DMA,
+                        row_batches=True)
+    cache.model.store(ids, [16], [0], fresh)
     assert (result.path, result.copies, result.driver_calls) == ("rows", 1, 1)
     cache.check()
     # The same job per page: one batch call, six copies (one per layer, the run merged).

@@ -7,11 +7,15 @@
 #include <utility>
 #include <vector>
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include "cc/copy/batch_copy.h"
 #include "cc/copy/staging_ring.h"
 #include "cc/copy/stream_upload.h"
 #include "cc/copy/warp_copy.h"
 #include "cc/cuda/cuda_check.h"
+#include "cc/cuda/driver_symbol.h"
 #include "cc/cuda/load_kernel.h"
 #include "cc/cuda/stream_device.h"
 #include "cc/pages/page_address.h"
@@ -123,9 +127,82 @@ void StagedPageCopy(const DevicePageTable& table, const PageJob& job, Direction 
   });
 }
 
-// The strided groups' row copies, one cudaMemcpy2DAsync each; returns the calls.
+struct Batch3D {
+  PFN_cuMemcpy3DBatchAsync_v13000 v13000 = nullptr;
+  PFN_cuMemcpy3DBatchAsync_v12080 v12080 = nullptr;  // adds failIdx
+};
+
+const Batch3D& Batch3DApi() {
+  static const Batch3D api = [] {
+    Batch3D a;
+    a.v13000 = reinterpret_cast<PFN_cuMemcpy3DBatchAsync_v13000>(ResolveDriverSymbol("cuMemcpy3DBatchAsync", 13000));
+    if (a.v13000 == nullptr) {
+      a.v12080 =
+          reinterpret_cast<PFN_cuMemcpy3DBatchAsync_v12080>(ResolveDriverSymbol("cuMemcpy3DBatchAsync", 12080));
+    }
+    return a;
+  }();
+  return api;
+}
+
+CUmemcpy3DOperand PitchedOperand(int64_t address, int64_t pitch) {
+  CUmemcpy3DOperand operand{};
+  operand.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+  operand.op.ptr.ptr = static_cast<CUdeviceptr>(address);
+  operand.op.ptr.rowLength = static_cast<size_t>(pitch);  // elements of one byte
+  operand.op.ptr.layerHeight = 0;                         // one layer
+  operand.op.ptr.locHint.type = CU_MEM_LOCATION_TYPE_INVALID;
+  return operand;
+}
+
+// The row copies kCopiesPerDriverCall to a cuMemcpy3DBatchAsync call; returns the calls,
+// or -1 where the driver has no such call (nothing enqueued).
+int64_t EnqueueRowBatches(const DevicePageTable& table, const RowCopies& copies, Direction direction,
+                          cudaStream_t stream) {
+  const Batch3D& api = Batch3DApi();
+  if (api.v13000 == nullptr && api.v12080 == nullptr) return -1;
+  thread_local std::vector<CUDA_MEMCPY3D_BATCH_OP> ops;
+  const bool store = direction == Direction::kStore;
+  const int64_t n = static_cast<int64_t>(copies.gpu.size());
+  int64_t calls = 0;
+  for (int64_t first = 0; first < n; first += kCopiesPerDriverCall) {
+    const int64_t end = std::min(n, first + kCopiesPerDriverCall);
+    ops.assign(static_cast<size_t>(end - first), CUDA_MEMCPY3D_BATCH_OP{});
+    for (int64_t i = first; i < end; ++i) {
+      const GroupRows& r = table.rows()[copies.group[i]];
+      CUDA_MEMCPY3D_BATCH_OP& op = ops[i - first];
+      const CUmemcpy3DOperand gpu = PitchedOperand(copies.gpu[i], r.gpu_pitch);
+      const CUmemcpy3DOperand host = PitchedOperand(copies.host[i], r.host_pitch);
+      op.src = store ? gpu : host;
+      op.dst = store ? host : gpu;
+      op.extent = CUextent3D{static_cast<size_t>(copies.width[i]), static_cast<size_t>(r.rows), 1};
+      op.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    }
+    size_t fail = 0;
+    const CUresult status =
+        api.v13000 != nullptr
+            ? api.v13000(ops.size(), ops.data(), 0, reinterpret_cast<CUstream>(stream))
+            : api.v12080(ops.size(), ops.data(), &fail, 0, reinterpret_cast<CUstream>(stream));
+    if (status != CUDA_SUCCESS) {
+      throw CudaError("cuMemcpy3DBatchAsync", DriverErrorName(status), static_cast<int>(status), first,
+                      "row copies " + std::to_string(first) + " to " + std::to_string(end - 1) +
+                          "; the job's other DMA and the " + std::to_string(first) +
+                          " row copies before them were enqueued");
+    }
+    ++calls;
+  }
+  return calls;
+}
+
+// The strided groups' row copies, one cudaMemcpy2DAsync each, or in batches
+// (PageCopyOptions::row_batches); returns the driver calls.
 int64_t EnqueueRows(const DevicePageTable& table, const RowCopies& copies, Direction direction,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, bool batches) {
+  // The batch calls take no legacy stream.
+  if (batches && stream != nullptr && stream != cudaStreamLegacy && !copies.gpu.empty()) {
+    const int64_t calls = EnqueueRowBatches(table, copies, direction, stream);
+    if (calls >= 0) return calls;
+  }
   for (size_t i = 0; i < copies.gpu.size(); ++i) {
     const GroupRows& r = table.rows()[copies.group[i]];
     const bool store = direction == Direction::kStore;
@@ -190,7 +267,7 @@ CopyResult DmaPageCopy(const DevicePageTable& table, const PageJob& job, Directi
   }
   CopyResult result = BatchCopy(batch, stream);
   if (strided) {
-    result.driver_calls += EnqueueRows(table, rows, direction, stream);
+    result.driver_calls += EnqueueRows(table, rows, direction, stream, options.row_batches);
     result.copies += static_cast<int64_t>(rows.gpu.size());
     if (batch.count == 0) result.reason = PathReason::kStridedRows;
   }

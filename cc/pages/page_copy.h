@@ -64,6 +64,10 @@ struct PageCopyOptions {
   SrcAccessOrder src_order = SrcAccessOrder::kStream;
   // The DMA path moves strided groups by 2D copies (DevicePageTable::rows).
   bool strided = true;
+  // Those 2D copies go kCopiesPerDriverCall to a cuMemcpy3DBatchAsync call, where the
+  // driver has it and the stream is not the legacy one; else a cudaMemcpy2DAsync each.
+  // A study until the meter says which costs a model less.
+  bool row_batches = false;
 };
 
 inline constexpr int kMaxRings = 4;  // each ring holds slots x slot_bytes of device memory

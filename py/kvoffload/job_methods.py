@@ -136,7 +136,8 @@ class PageJobs:
     def __init__(self, method: Pages, layout, table, registry, choice: PageChoice, device: int | None = None):
         self._layout, self._table = layout, table
         self._ring = dict(max_ctas=method.ctas, slot_bytes=method.slot_bytes, slots=method.slots,
-                          slots_in_l2=method.slots_in_l2, strided=choice.strided)
+                          slots_in_l2=method.slots_in_l2, strided=choice.strided,
+                          row_batches=method.row_batches)
         self.paths = choice.paths
         cal = choice.cal
         gpu_spans, cpu_spans = table.spans()

@@ -298,33 +298,34 @@ void BindPages(nb::module_& m) {
           "copy",
           [](PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i, Direction direction,
              nb::handle stream, PagePath path, int max_ctas, int64_t slot_bytes, int slots, int ring,
-             SrcAccessOrder src_order, bool slots_in_l2, bool strided) {
+             SrcAccessOrder src_order, bool slots_in_l2, bool strided, bool row_batches) {
             return t.Copy(JobIds(b, c, g, i), direction, stream,
                           PageCopyOptions{path, max_ctas, slot_bytes, slots, slots_in_l2, ring, src_order,
-                                          strided});
+                                          strided, row_batches});
           },
           nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
           nb::arg("block_indices"), nb::arg("direction"), nb::arg("stream").none(),
           nb::arg("path") = kPageDefaults.path, nb::arg("max_ctas") = kPageDefaults.max_ctas,
           nb::arg("slot_bytes") = kPageDefaults.slot_bytes, nb::arg("slots") = kPageDefaults.slots,
           nb::arg("ring") = 0, nb::arg("src_order") = kPageDefaults.src_order,
-          nb::arg("slots_in_l2") = kPageDefaults.slots_in_l2, nb::arg("strided") = kPageDefaults.strided)
+          nb::arg("slots_in_l2") = kPageDefaults.slots_in_l2, nb::arg("strided") = kPageDefaults.strided,
+          nb::arg("row_batches") = kPageDefaults.row_batches)
       .def(
           "copy_job",
           [](PyPageTable& t, const PreparedJob& job, Direction direction, nb::handle stream, PagePath path,
              int max_ctas, int64_t slot_bytes, int slots, int ring, SrcAccessOrder src_order,
-             bool slots_in_l2, bool strided) {
+             bool slots_in_l2, bool strided, bool row_batches) {
             t.RequireOwn(job);
             return t.Copy(job.ids, direction, stream,
                           PageCopyOptions{path, max_ctas, slot_bytes, slots, slots_in_l2, ring, src_order,
-                                          strided},
+                                          strided, row_batches},
                           /*checked=*/true);
           },
           nb::arg("job"), nb::arg("direction"), nb::arg("stream").none(), nb::arg("path") = kPageDefaults.path,
           nb::arg("max_ctas") = kPageDefaults.max_ctas, nb::arg("slot_bytes") = kPageDefaults.slot_bytes,
           nb::arg("slots") = kPageDefaults.slots, nb::arg("ring") = 0,
           nb::arg("src_order") = kPageDefaults.src_order, nb::arg("slots_in_l2") = kPageDefaults.slots_in_l2,
-          nb::arg("strided") = kPageDefaults.strided)
+          nb::arg("strided") = kPageDefaults.strided, nb::arg("row_batches") = kPageDefaults.row_batches)
       .def(
           "rows",
           [](PyPageTable& t, int device) { return t.Rows(device); }, nb::arg("device"),

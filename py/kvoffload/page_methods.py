@@ -56,8 +56,9 @@ class Pages:
     device's page calibration; None: the built-in choice. ``slots`` x ``slot_bytes``: the
     staging ring. ``strided``: where pages are under ROWS_BELOW_PAGE_BYTES, DMA moves the
     blocks of groups whose tensors are rows of one allocation by 2D copies
-    (cc/pages/row_copies.h); False keeps to a copy per page.
-    ``slots_in_l2`` holds its slots in persisting L2: a study, not a speed-up.
+    (cc/pages/row_copies.h); False keeps to a copy per page. ``row_batches`` sends those 2D
+    copies many to a driver call (cuMemcpy3DBatchAsync): a study until measured beside a
+    model. ``slots_in_l2`` holds its slots in persisting L2: a study, not a speed-up.
     The device-wide set-aside it leaves slows a model's every step (docs/studies.md#the-ring-in-persisting-l2)."""
 
     path: PagePath | None = None
@@ -67,6 +68,7 @@ class Pages:
     slots: int = SLOTS
     slots_in_l2: bool = False
     strided: bool = True
+    row_batches: bool = False
     MAX_CTAS: ClassVar[int] = 1 << 16
 
     def __post_init__(self):
@@ -80,8 +82,9 @@ class Pages:
         object.__setattr__(self, "slots", require_int("slots", self.slots, 2, _C.PAGE_MAX_SLOTS))
         if not isinstance(self.slots_in_l2, bool):
             raise TypeError(f"slots_in_l2: expected a bool, got {type(self.slots_in_l2).__name__}")
-        if not isinstance(self.strided, bool):
-            raise TypeError(f"strided: expected a bool, got {type(self.strided).__name__}")
+        for flag in ("strided", "row_batches"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"{flag}: expected a bool, got {type(getattr(self, flag)).__name__}")
         if self.max_slowdown is not None:
             if self.path is not None:
                 raise ValueError(f"max_slowdown: chooses a path, and path {name(self.path)!r} is forced")
