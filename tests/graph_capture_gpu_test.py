@@ -92,9 +92,8 @@ def test_copy_calls_refuse_a_capturing_stream_before_copying():
 
 @pytest.mark.parametrize("method", ["pages", "pages_staged", "pages_dma", "batch"])
 def test_jobs_copy_right_while_another_thread_captures_in_global_mode(method):
-    # torch.cuda.graph's default mode is global: other threads may not make unsafe calls.
-    # A job from a stream of the caller's own must copy right, or fail naming the capture;
-    # never succeed with wrong bytes.
+    # torch.cuda.graph's default mode is global: other threads may not make unsafe calls
+    # (an event query among them), and one that does invalidates the capture.
     rng = np.random.default_rng(11)
     _, gpu = one_allocation(rng)
     handler = OffloadHandler(gpu, CHUNKS, 1, method=method)
@@ -107,6 +106,8 @@ def test_jobs_copy_right_while_another_thread_captures_in_global_mode(method):
     torch.cuda.synchronize()
     capturing, release = threading.Event(), threading.Event()
 
+    captured = []
+
     def capture():
         x = torch.ones(1024, device="cuda")
         graph = torch.cuda.CUDAGraph()
@@ -115,8 +116,8 @@ def test_jobs_copy_right_while_another_thread_captures_in_global_mode(method):
                 x.mul_(2)
                 capturing.set()
                 release.wait(30)
-        except RuntimeError:
-            pass  # a capture the other thread's calls invalidated: what matters is the bytes
+            graph.replay()
+            captured.append(x)
         finally:
             capturing.set()
 
@@ -140,8 +141,7 @@ def test_jobs_copy_right_while_another_thread_captures_in_global_mode(method):
     finally:
         handler.shutdown()
     torch.cuda.synchronize()
-    assert len(results) == 2
-    for r in results:
-        assert r.success or "Capture" in (r.error or ""), r
-    if all(r.success for r in results):
-        assert all(torch.equal(t[torch.from_numpy(loaded).cuda()], w) for t, w in zip(gpu[0], want))
+    # The lanes' event queries and waits run in relaxed capture mode: the capture survives.
+    assert captured and torch.all(captured[0] == 2)
+    assert len(results) == 2 and all(r.success for r in results), results
+    assert all(torch.equal(t[torch.from_numpy(loaded).cuda()], w) for t, w in zip(gpu[0], want))

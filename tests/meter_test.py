@@ -163,7 +163,10 @@ def test_the_warm_up_keeps_a_cold_start_out_of_the_first_window(warm):
                         margin=8, warm=warm)["harmless"]
     first = got.windows[0]
     if warm:
-        assert abs(first["idle_drift"]) < 1e-3 and abs(first["step_slowdown"]) < 5e-4, got.windows
+        assert abs(first["idle_drift"]) < 1e-3, got.windows
+        # A step the host fed late (a loaded machine) slows the window whatever the
+        # warm-up did: the meter counts it, and its slowdown says nothing.
+        assert first["dry_steps"] or abs(first["step_slowdown"]) < 5e-4, got.windows
         assert not got.noisy
     else:
         assert first["idle_drift"] > meter.NOISE and got.noisy, got.windows

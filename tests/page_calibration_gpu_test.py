@@ -3,11 +3,12 @@ that chooses its paths from a calibration and copies byte for byte."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 import kvoffload as kv
-from kvoffload import calibration_cache, page_calibration
+from kvoffload import _C, calibration_cache, page_calibration
 from kvoffload.page_calibration import PAGE_BYTES, VARIANTS
 from kvoffload.vocabulary import Direction
 from kv_model import store_then_load_skipping_first_blocks
@@ -41,9 +42,15 @@ def test_each_source_moves_its_jobs_and_rows_go_as_2d_copies():
         copies = make()
         copies.top_up()  # two jobs in flight
         assert copies.drain() == 2 * job_bytes, key
-    tables = held[2::3]  # (cache, pool, table) per page size and variant, in VARIANTS' order
-    for table, (path, rows) in zip(tables, list(VARIANTS.values()) * len(PAGE_BYTES)):
-        assert table.rows(torch.cuda.current_device())[0][0] == rows
+    tables = [h for h in held if hasattr(h, "rows")]  # per page size, in VARIANTS' order
+    assert len(tables) == len(PAGE_BYTES) * len(VARIANTS)
+    ids, stream = np.arange(2, dtype=np.int64), torch.cuda.Stream()
+    for table, (key, (path, rows)) in zip(tables, list(VARIANTS.items()) * len(PAGE_BYTES)):
+        assert table.rows(torch.cuda.current_device())[0][0]  # every variant's tensors are one allocation
+        if path == kv.PagePath.DMA:  # per page, or as rows
+            result = table.copy(ids, ids, [2], [0], direction=_C.Direction.STORE, stream=stream, path=path,
+                                strided=rows)
+            assert result.path == ("rows" if rows else "batch"), key
 
 
 @pytest.mark.parametrize("page", [512, 1024])

@@ -323,7 +323,7 @@ def test_a_choice_whose_dma_goes_by_rows_lays_the_pool_out_chunk_by_chunk(monkey
     monkeypatch.setattr(job_methods, "batch_entry_point_version", lambda: 1)
     choice = job_methods.page_choice(method, torch.device("cuda", 0), pages(page), _one_allocation(page))
     small = page < page_methods.ROWS_BELOW_PAGE_BYTES
-    assert choice.paths == {d: DMA for d in Direction} and choice.by_rows == choice.strided == small
+    assert choice.paths == {d: DMA for d in Direction} and choice.by_rows == small
     assert job_methods.cpu_layout_for(choice, True) == ("chunk_major" if small else "per_tensor")
     apart = job_methods.page_choice(method, torch.device("cuda", 0), pages(page), [[]])
     assert apart.paths == {d: DMA for d in Direction} or page < 20 << 10
@@ -378,3 +378,21 @@ def test_a_calibrated_choice_on_rows_the_driver_refuses_is_made_again_without_th
     assert refused.reasons["load"] == ("+3.00% over bulk copies' slowdown by the page calibration, within 5.00%; the "
                                        "tensors are not rows the driver copies in 2D (group 0: the GPU tensors are "
                                        "not one allocation)")
+
+
+@pytest.mark.parametrize("method", [kv.Pages(), kv.Pages(path=DMA)])
+def test_no_2d_copies_unless_every_group_is_rows_of_small_pages(monkeypatch, method):
+    # A group apart takes a per-tensor pool, where the row groups' 2D copies would have
+    # their host rows a region apart; a group of 32 KiB pages beside one of 4 KiB keeps
+    # the mean under the limit but is no small page.
+    monkeypatch.setattr(job_methods, "batch_entry_point_version", lambda: 1)
+    apart = [torch.zeros(16, 4 << 10, dtype=torch.uint8) for _ in range(4)]
+    mixed = job_methods.page_choice(method, torch.device("cuda", 0), [[4 << 10] * 4] * 2,
+                                    _one_allocation(4 << 10) + [apart])
+    assert not mixed.by_rows
+    large = job_methods.page_choice(method, torch.device("cuda", 0), [[4 << 10] * 4, [32 << 10]] ,
+                                    _one_allocation(4 << 10) + _one_allocation(32 << 10, tensors=1))
+    assert not large.by_rows
+    rows = job_methods.page_choice(method, torch.device("cuda", 0), [[4 << 10] * 4], _one_allocation(4 << 10))
+    assert rows.by_rows and not rows.without_rows(method, [[4 << 10] * 4]).by_rows
+    assert rows.without_rows(method, [[4 << 10] * 4]).paths == page_methods.choose(method, [[4 << 10] * 4], True)

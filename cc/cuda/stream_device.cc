@@ -33,7 +33,14 @@ int StreamDevice(cudaStream_t stream) {
 void RequireNotCapturing(cudaStream_t stream, const char* name) {
   RequireCudaDevice();
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  CheckCuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+  const cudaError_t asked = cudaStreamIsCapturing(stream, &status);
+  if (asked == cudaErrorStreamCaptureImplicit) {
+    // The legacy stream, while a blocking stream of its device captures: it would join.
+    cudaGetLastError();
+    status = cudaStreamCaptureStatusActive;
+  } else {
+    CheckCuda(asked, "cudaStreamIsCapturing");
+  }
   if (status != cudaStreamCaptureStatusNone) {
     // The legacy stream answers for every capture of its device, other threads' too.
     const bool legacy = stream == nullptr || stream == cudaStreamLegacy;

@@ -289,6 +289,20 @@ void BindCopies(nb::module_& m) {
       [](nb::handle stream, const std::string& name) { RequireNotCapturing(ToStream(stream), name.c_str()); },
       nb::arg("stream").none(), nb::arg("name"),
       "ValueError naming `name` where `stream` is capturing a CUDA graph.");
+  m.def(
+      "exchange_capture_mode",
+      [](int mode) {
+        if (mode < cudaStreamCaptureModeGlobal || mode > cudaStreamCaptureModeRelaxed) {
+          throw std::invalid_argument("mode: expected a cudaStreamCaptureMode (0-2), got " + std::to_string(mode));
+        }
+        RequireCudaDevice();
+        auto exchanged = static_cast<cudaStreamCaptureMode>(mode);
+        CheckCuda(cudaThreadExchangeStreamCaptureMode(&exchanged), "cudaThreadExchangeStreamCaptureMode");
+        return static_cast<int>(exchanged);
+      },
+      nb::arg("mode"),
+      "Sets this thread's stream-capture mode (cudaStreamCaptureModeRelaxed = 2: its calls are not refused "
+      "for another thread's capture); returns the one it had.");
   m.def("batch_entry_point_version", &BatchEntryPointVersion);
   m.def(
       "load_kernels",

@@ -269,8 +269,8 @@ class OffloadHandler:
     ``max_slowdown`` (kvoffload.auto). With "auto", a device without a cached calibration
     is measured here (kvoffload.calibration), taking a few minutes and 1.5 GiB each of
     pinned and device memory for the while; with ``Pages(max_slowdown=x)``, its page
-    calibration (kvoffload.page_calibration: about two minutes, 3 GiB pinned and 1.5 GiB
-    of device memory).
+    calibration (kvoffload.page_calibration: about three minutes, 1.5 GiB each of pinned
+    and device memory).
     """
 
     COLLECTED_IDS_KEPT = 1 << 14  # see wait()
@@ -303,6 +303,8 @@ class OffloadHandler:
         if cpu_layout is None and cpu_places is None:
             own_pool = host_buffer is None and (host_pool is None or not (host_pool.shm_name or host_pool.background))
             cpu_layout = cpu_layout_for(choice, own_pool)
+        elif choice is not None and choice.by_rows and cpu_layout != "chunk_major":
+            choice = choice.without_rows(method, pages)  # 2D copies need a block's rows back to back
         self.cpu_layout = cpu_layout if cpu_places is None else None  # None: the caller's cpu_places
 
         on_gpu = device.type == "cuda"

@@ -74,15 +74,22 @@ class PageChoice:
     batch_copy: bool
     cal: object = None
     rows: tuple = ()  # per group: None, or why its tensors are not rows of one allocation
-    by_rows: bool = False  # DMA moves every group's blocks as rows (2D copies)
-    strided: bool = False  # DMA moves the blocks of groups whose tensors are rows as rows
+    # DMA moves every group's blocks by 2D copies, a row per tensor, from a chunk-major
+    # pool; only where every group's tensors are rows and every page is under
+    # ROWS_BELOW_PAGE_BYTES (a group apart would take a per-tensor pool, whose 2D copies
+    # crawl: rows a region apart).
+    by_rows: bool = False
 
     @classmethod
     def of(cls, method: Pages, pages, batch_copy: bool, cal=None, rows=()) -> PageChoice:
-        strided = method.strided and page_methods.mean_page_bytes(pages) < page_methods.ROWS_BELOW_PAGE_BYTES
-        every = strided and bool(rows) and all(r is None for r in rows)
+        small = max((p for group in pages for p in group), default=0) < page_methods.ROWS_BELOW_PAGE_BYTES
+        every = method.strided and small and bool(rows) and all(r is None for r in rows)
         paths = page_methods.choose(method, pages, batch_copy, cal, every)
-        return cls(paths, batch_copy, cal, tuple(rows), every and PagePath.DMA in paths.values(), strided)
+        return cls(paths, batch_copy, cal, tuple(rows), every and PagePath.DMA in paths.values())
+
+    def without_rows(self, method: Pages, pages) -> PageChoice:
+        """The choice as if no group's tensors were rows."""
+        return PageChoice.of(method, pages, self.batch_copy, self.cal)
 
 
 def page_choice(method: Pages | Auto | CopyMethod, device, pages, gpu_tensors=()) -> PageChoice | None:
@@ -136,7 +143,7 @@ class PageJobs:
     def __init__(self, method: Pages, layout, table, registry, choice: PageChoice, device: int | None = None):
         self._layout, self._table = layout, table
         self._ring = dict(max_ctas=method.ctas, slot_bytes=method.slot_bytes, slots=method.slots,
-                          slots_in_l2=method.slots_in_l2, strided=choice.strided,
+                          slots_in_l2=method.slots_in_l2, strided=choice.by_rows,
                           row_batches=method.row_batches)
         self.paths = choice.paths
         cal = choice.cal
@@ -151,25 +158,26 @@ class PageJobs:
         if method.slots_in_l2 and PagePath.STAGED in self.paths.values():
             logger.warning("kvoffload: the staging ring's slots are held in persisting L2; the set-aside "
                            "slows every step of a model on this device (docs/studies.md)")
+        rows = table.rows(device) if device is not None and choice.by_rows else []
+        strided = [g for g, r in enumerate(rows) if r[0]]
+        per_page = [f"group {g}: {r[1]}" for g, r in enumerate(rows) if not r[0] and r[2] > 0]
+        refused = bool(per_page)
+        if refused:
+            # The driver said no (another allocation, a pitch past the device's largest):
+            # the choice without rows, no 2D copies at all.
+            self.paths = choice.without_rows(method, page_methods.layout_pages(layout)).paths
+            self._ring["strided"] = False
+            refusal = "the tensors are not rows the driver copies in 2D (" + ", ".join(per_page) + ")"
+            strided = per_page = []
+        by_rows = choice.by_rows and not refused
         for d in Direction if cal is not None else ():
-            if cal.noisy_at(d, page, choice.by_rows):
+            if cal.noisy_at(d, page, by_rows):
                 logger.warning("kvoffload: the page calibration's %s figures near %.0f page bytes were "
                                "noisy; measure again with python -m kvoffload.page_calibration "
                                "--recalibrate", d.value, page)
-        rows = (table.rows(device) if device is not None and choice.strided and PagePath.DMA in self.paths.values()
-                else [])
-        strided = [g for g, r in enumerate(rows) if r[0]]
-        per_page = [f"group {g}: {r[1]}" for g, r in enumerate(rows) if not r[0] and r[2] > 0]
-        refused = choice.by_rows and per_page
-        if refused:
-            # The driver said no (another allocation, a pitch past the device's largest):
-            # the choice without rows, whose DMA would go a page at a time.
-            self.paths = page_methods.choose(method, page_methods.layout_pages(layout), choice.batch_copy, cal, False)
-            refusal = "the tensors are not rows the driver copies in 2D (" + ", ".join(per_page) + ")"
-            strided = per_page = []
         if cal is not None:
             why = cal.why(self.paths[Direction.STORE], page, method.max_slowdown, choice.batch_copy,
-                          choice.by_rows and not refused) + (f"; {refusal}" if refused else "")
+                          by_rows) + (f"; {refusal}" if refused else "")
         elif refused:
             why = f"built-in choice: {refusal}"
         elif choice.by_rows:

@@ -1,11 +1,10 @@
 """What each page path costs a model beside it on this device, by page bytes and
 direction: what kvoffload.Pages(max_slowdown=...) chooses by.
 
-At each of PAGE_BYTES it lays out TENSORS tensors of that page and a pinned pool, as a
-handler would, and keeps jobs (JOB_BYTES each, disjoint, two in flight) of each of
-VARIANTS going through the C++ page table: DMA a copy per page over separate tensors, DMA
-by 2D copies over rows of one allocation (vLLM 0.32 and later's LBHNC), and the staging
-ring. Each runs beside the loop of kvoffload.meter.CALIBRATION_WORKLOAD, with bulk copies
+At each of PAGE_BYTES it lays out TENSORS tensors of that page in one allocation (vLLM
+0.32 and later's LBHNC) and a pinned pool, and keeps jobs (JOB_BYTES each, disjoint, two in
+flight, as a handler's lane runs them) of each of VARIANTS going through the C++ page
+table: DMA a copy per page, DMA by 2D copies a row per tensor, and the staging ring. Each runs beside the loop of kvoffload.meter.CALIBRATION_WORKLOAD, with bulk copies
 in the same run; the record is its rate alone and beside the loop and the loop's step
 slowdown over the bulk copies'. Cached beside the raw-pointer calibration
 (kvoffload.calibration_cache) under the device's key and "pages", and measured again by
@@ -17,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import sys
 from typing import ClassVar
 
@@ -132,43 +132,76 @@ def _jobs(rng, n: int, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
     return list(zip(blocks, chunks))
 
 
-def _cache(torch, where: str, blocks: int, page: int, rows: bool) -> list:
-    """TENSORS tensors of [blocks, page]: separate, or rows of one allocation."""
-    if rows:
-        backing = torch.empty((TENSORS, blocks, page), dtype=torch.uint8, device=where)
-        return [backing[t] for t in range(TENSORS)]
-    return [torch.empty((blocks, page), dtype=torch.uint8, device=where) for _ in range(TENSORS)]
+class _PageCopies:
+    """A variant's jobs kept ``depth`` in flight through its page table, taken in turn, as
+    a handler's lane runs them: the ring's jobs on two streams in turn (each job's stages
+    then overlap the one before's), DMA's on one; loads read with ANY (no store in flight)."""
+
+    def __init__(self, torch, table, jobs, page, path, rows, direction, streams, depth=2):
+        from kvoffload import _C
+
+        self.torch, self.streams, self.depth = torch, streams if path == PagePath.STAGED else streams[:1], depth
+        order = _C.SrcAccessOrder.ANY if direction == Direction.LOAD and path == PagePath.DMA else \
+            _C.SrcAccessOrder.STREAM
+        self.calls = itertools.cycle([functools.partial(table.copy, b, c, [len(b)], [0], direction=direction.native,
+                                                        path=path, strided=rows, src_order=order)
+                                      for b, c in jobs])
+        self.nbytes = len(jobs[0][0]) * TENSORS * page
+        self.turn = 0
+        self.flying, self.moved = [], 0
+
+    def top_up(self) -> None:
+        while self.flying and self.flying[0].query():
+            self.flying.pop(0)
+            self.moved += self.nbytes
+        while len(self.flying) < self.depth:
+            stream = self.streams[self.turn % len(self.streams)]
+            self.turn += 1
+            next(self.calls)(stream=stream)
+            event = self.torch.cuda.Event()
+            event.record(stream)
+            self.flying.append(event)
+
+    def drain(self) -> int:
+        for event in self.flying:
+            event.synchronize()
+            self.moved += self.nbytes
+        self.flying.clear()
+        moved, self.moved = self.moved, 0
+        return moved
 
 
 def page_sources(torch, where: str, job_bytes: int = JOB_BYTES) -> tuple[list, dict]:
-    """(held, sources): per page size of PAGE_BYTES and variant of VARIANTS, a cache, a
-    pinned pool laid out as a handler lays out its own for that path, and their page
-    table; sources[variant, direction, page] makes the Copies that keep its jobs in flight
-    on a stream per direction. ``held`` keeps the memory alive while they run."""
+    """(held, sources): per page size of PAGE_BYTES, TENSORS tensors as rows of one
+    allocation and one pinned pool, which every variant of VARIANTS addresses through a
+    page table of its own: the pool laid out as a handler lays its own out for that path,
+    the tensors taken a copy per page or as rows. sources[variant, direction, page] makes
+    the Copies that keep its jobs in flight; the meter runs one source at a time, so they
+    share the memory, which ``held`` keeps alive while they run."""
     from kvoffload.page_table import page_table
     from kvoffload.pool_layout import kv_layout, pool_bytes
-    from kvoffload.steady_copies import RawCopies
 
     rng = np.random.default_rng(0)
-    streams = {d: torch.cuda.Stream(where) for d in Direction}
+    streams = {d: [torch.cuda.Stream(where) for _ in range(2)] for d in Direction}
     held, sources = [], {}
     for page in PAGE_BYTES:
         n = max(1, job_bytes // (TENSORS * page))
         jobs = _jobs(rng, n, JOBS)
         blocks = JOBS * n
         pages = [[page] * TENSORS]
+        backing = torch.empty((TENSORS, blocks, page), dtype=torch.uint8, device=where)
+        cache = [backing[t] for t in range(TENSORS)]
+        pool = torch.empty(pool_bytes(pages, [blocks], 1), dtype=torch.uint8, pin_memory=True)
+        held += [backing, pool]
         for key, (path, rows) in VARIANTS.items():
-            cache = _cache(torch, where, blocks, page, rows)
-            pool = torch.empty(pool_bytes(pages, [blocks], 1), dtype=torch.uint8, pin_memory=True)
             # A handler lays its pool out chunk-major where DMA goes by rows (job_methods.cpu_layout_for).
             layout = kv_layout([cache], pages, [blocks], 1, pool.data_ptr(),
                                "chunk_major" if rows else cpu_layout({d: path for d in Direction}))
             table = page_table(layout)
-            held += [cache, pool, table]
+            held.append(table)
             for d in Direction:
-                calls = [(functools.partial(table.copy, b, c, [n], [0], direction=d.native, stream=streams[d],
-                                            path=path, strided=rows), n * TENSORS * page) for b, c in jobs]
-                sources[key, d, page] = functools.partial(RawCopies, torch, calls, streams[d])
+                sources[key, d, page] = functools.partial(_PageCopies, torch, table, jobs, page, path, rows, d,
+                                                          streams[d])
     return held, sources
 
 
@@ -183,15 +216,17 @@ def measure(device: int, job_bytes: int = JOB_BYTES, **windows) -> PageCalibrati
     where = f"cuda:{device}"
     with torch.cuda.device(device):
         held, sources = page_sources(torch, where, job_bytes)
-        for d in Direction:  # made once: its pinned buffers are not allocated inside a window
-            bulk = BulkCopies(torch, d.value, job_bytes, device=where)
-            sources["bulk", d, 0] = lambda bulk=bulk: bulk
-        # Alone first: a table's first jobs load its kernels and make its rings.
-        rates = {key: meter.alone(make(), seconds=0.3, warm_seconds=0.2) for key, make in sources.items()}
-        loop = compute_loop.ComputeLoop(torch, meter.CALIBRATION_WORKLOAD, where)
-        got = meter.measure(loop, sources, **windows)
-        torch.cuda.synchronize(device)
-        del held
+        try:
+            for d in Direction:  # made once: its pinned buffers are not allocated inside a window
+                bulk = BulkCopies(torch, d.value, job_bytes, device=where)
+                sources["bulk", d, 0] = lambda bulk=bulk: bulk
+            # Alone first: a table's first jobs load its kernels and make its rings.
+            rates = {key: meter.alone(make(), seconds=0.3, warm_seconds=0.2) for key, make in sources.items()}
+            loop = compute_loop.ComputeLoop(torch, meter.CALIBRATION_WORKLOAD, where)
+            got = meter.measure(loop, sources, **windows)
+        finally:
+            torch.cuda.synchronize(device)  # nothing in flight over the memory freed next
+            del held
     bulk_slowdown = {d.value: got["bulk", d, 0].step_slowdown for d in Direction}
     alone, beside, over_bulk, noisy = {}, {}, {}, {}
     for key in VARIANTS:

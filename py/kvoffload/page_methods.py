@@ -54,9 +54,9 @@ class Pages:
     ``ctas``: the gather and scatter kernels' CTAs. ``max_slowdown``: with path None, the
     step slowdown over bulk copies' that a model beside may be given, chosen by from the
     device's page calibration; None: the built-in choice. ``slots`` x ``slot_bytes``: the
-    staging ring. ``strided``: where pages are under ROWS_BELOW_PAGE_BYTES, DMA moves the
-    blocks of groups whose tensors are rows of one allocation by 2D copies
-    (cc/pages/row_copies.h); False keeps to a copy per page. ``row_batches`` sends those 2D
+    staging ring. ``strided``: where every group's tensors are rows of one allocation and
+    every page is under ROWS_BELOW_PAGE_BYTES, DMA moves blocks by 2D copies
+    (cc/pages/row_copies.h) from a chunk-major pool; False keeps to a copy per page. ``row_batches`` sends those 2D
     copies many to a driver call (cuMemcpy3DBatchAsync): a study until measured beside a
     model. ``slots_in_l2`` holds its slots in persisting L2: a study, not a speed-up.
     The device-wide set-aside it leaves slows a model's every step (docs/studies.md#the-ring-in-persisting-l2)."""

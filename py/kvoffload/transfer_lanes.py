@@ -75,6 +75,29 @@ def _require_not_capturing(stream, name: str) -> None:
     _C.require_not_capturing(stream, name)
 
 
+RELAXED = 2  # cudaStreamCaptureModeRelaxed
+
+
+def _relax_capture_mode() -> int:
+    """Makes this thread's CUDA calls (event queries, waits) allowed while another thread
+    captures a graph in global mode (torch.cuda.graph's default), which would otherwise
+    refuse them and invalidate that capture; returns the mode the thread had."""
+    return _C.exchange_capture_mode(RELAXED)
+
+
+def _restore_capture_mode(mode: int) -> None:
+    _C.exchange_capture_mode(mode)
+
+
+@contextlib.contextmanager
+def _relaxed():
+    previous = _relax_capture_mode()
+    try:
+        yield
+    finally:
+        _restore_capture_mode(previous)
+
+
 class CudaLanes:
     """Two CUDA streams per lane; a job starts after the compute stream's work so far.
     A job is a callable that enqueues its copies on the stream it is given.
@@ -139,6 +162,7 @@ class CudaLanes:
 
     @staticmethod
     def _enqueue_jobs(jobs: queue.SimpleQueue, turns: "_Turns") -> None:
+        _relax_capture_mode()  # the lane's own thread, for good
         index, tail_pipelined, before = 0, False, None  # the lane's job enqueued last
         while (item := jobs.get()) is not None:
             job, lane, streams, copy, waits, pipelined, resolve = item
@@ -200,20 +224,31 @@ class CudaLanes:
 
     @staticmethod
     def done(handle) -> bool:
-        return handle.recycled or (not handle.queued.locked() and (not handle.recorded or handle.end.query()))
+        if handle.recycled or handle.queued.locked():
+            return handle.recycled
+        if not handle.recorded:
+            return True
+        with _relaxed():
+            return handle.end.query()
 
     @staticmethod
     def wait(handle) -> None:
         with handle.queued:  # a C lock: an interrupt cannot leave it held
             recorded = handle.recorded
         if recorded:
-            handle.end.synchronize()
+            with _relaxed():
+                handle.end.synchronize()
 
     @staticmethod
     def result(handle) -> tuple[float, str | None]:
         """(seconds, error) of a done job."""
         if not handle.recorded:
             return 0.0, handle.error
+        with _relaxed():
+            return CudaLanes._timed(handle)
+
+    @staticmethod
+    def _timed(handle) -> tuple[float, str | None]:
         milliseconds = handle.start.elapsed_time(handle.end)
         before = handle.timed_from
         if before is not None and before.recorded:  # not the time it queued behind that job
@@ -270,9 +305,10 @@ class CudaLanes:
             return
         for thread in self._threads:
             thread.join()
-        for streams in self._streams.values():
-            for stream in streams:
-                stream.synchronize()
+        with _relaxed():
+            for streams in self._streams.values():
+                for stream in streams:
+                    stream.synchronize()
 
 
 class _Turns:
