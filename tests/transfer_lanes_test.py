@@ -27,8 +27,7 @@ def _fake_streams_never_capture(monkeypatch):
     # CudaLanes here run on fake streams; transfer_lanes_gpu_test and graph_capture_gpu_test
     # ask the driver.
     monkeypatch.setattr(transfer_lanes, "_require_not_capturing", lambda stream, name: None)
-    monkeypatch.setattr(transfer_lanes, "_relax_capture_mode", lambda: 0)
-    monkeypatch.setattr(transfer_lanes, "_restore_capture_mode", lambda mode: None)
+    monkeypatch.setattr(transfer_lanes, "_relaxed", lambda fn: fn())
 
 
 def within(fn, timeout=TIMEOUT):

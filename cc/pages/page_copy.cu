@@ -14,6 +14,7 @@
 #include "cc/copy/staging_ring.h"
 #include "cc/copy/stream_upload.h"
 #include "cc/copy/warp_copy.h"
+#include "cc/cuda/capture_mode.h"
 #include "cc/cuda/cuda_check.h"
 #include "cc/cuda/driver_symbol.h"
 #include "cc/cuda/load_kernel.h"
@@ -343,6 +344,7 @@ DevicePageTable::DevicePageTable(PageLayout layout, int device)
 DevicePageTable::~DevicePageTable() {
   try {
     DeviceGuard guard(device_);
+    const RelaxedCaptureMode relaxed;  // a handler collected while another thread captures
     cudaFree(refs_);  // waits for the kernels that may still read the refs
   } catch (...) {
   }

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cc/cuda/capture_mode.h"
 #include "cc/cuda/cuda_check.h"
 
 namespace kvoffload {
@@ -19,6 +20,7 @@ void HostRegister(int64_t address, int64_t bytes) {
 
 void HostUnregister(int64_t address) {
   RequireCudaDevice();
+  const RelaxedCaptureMode relaxed;  // also while another thread captures a graph
   CheckCuda(cudaHostUnregister(reinterpret_cast<void*>(address)), "cudaHostUnregister");
 }
 

@@ -17,6 +17,7 @@
 #include "cc/copy/host_copy.h"
 #include "cc/copy/staged_copy.h"
 #include "cc/cuda/cuda_check.h"
+#include "cc/cuda/capture_mode.h"
 #include "cc/cuda/stream_device.h"
 #include "cc/pages/block_geometry.h"
 #include "cc/pages/block_mapping.h"
@@ -290,19 +291,16 @@ void BindCopies(nb::module_& m) {
       nb::arg("stream").none(), nb::arg("name"),
       "ValueError naming `name` where `stream` is capturing a CUDA graph.");
   m.def(
-      "exchange_capture_mode",
-      [](int mode) {
-        if (mode < cudaStreamCaptureModeGlobal || mode > cudaStreamCaptureModeRelaxed) {
-          throw std::invalid_argument("mode: expected a cudaStreamCaptureMode (0-2), got " + std::to_string(mode));
-        }
+      "in_relaxed_capture_mode",
+      [](nb::callable fn) {
         RequireCudaDevice();
-        auto exchanged = static_cast<cudaStreamCaptureMode>(mode);
-        CheckCuda(cudaThreadExchangeStreamCaptureMode(&exchanged), "cudaThreadExchangeStreamCaptureMode");
-        return static_cast<int>(exchanged);
+        // Restored in C++ however fn ends: an interrupt cannot leave the thread relaxed.
+        const RelaxedCaptureMode relaxed;
+        return fn();
       },
-      nb::arg("mode"),
-      "Sets this thread's stream-capture mode (cudaStreamCaptureModeRelaxed = 2: its calls are not refused "
-      "for another thread's capture); returns the one it had.");
+      nb::arg("fn"),
+      "fn() with this thread's stream-capture mode relaxed: its CUDA calls are not refused for "
+      "another thread's graph capture in global mode, nor do they invalidate it.");
   m.def("batch_entry_point_version", &BatchEntryPointVersion);
   m.def(
       "load_kernels",

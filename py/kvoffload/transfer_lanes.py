@@ -75,27 +75,11 @@ def _require_not_capturing(stream, name: str) -> None:
     _C.require_not_capturing(stream, name)
 
 
-RELAXED = 2  # cudaStreamCaptureModeRelaxed
-
-
-def _relax_capture_mode() -> int:
-    """Makes this thread's CUDA calls (event queries, waits) allowed while another thread
-    captures a graph in global mode (torch.cuda.graph's default), which would otherwise
-    refuse them and invalidate that capture; returns the mode the thread had."""
-    return _C.exchange_capture_mode(RELAXED)
-
-
-def _restore_capture_mode(mode: int) -> None:
-    _C.exchange_capture_mode(mode)
-
-
-@contextlib.contextmanager
-def _relaxed():
-    previous = _relax_capture_mode()
-    try:
-        yield
-    finally:
-        _restore_capture_mode(previous)
+def _relaxed(fn):
+    """fn() with this thread's CUDA calls (event queries, waits) allowed while another
+    thread captures a graph in global mode (torch.cuda.graph's default), which would
+    otherwise refuse them and invalidate that capture."""
+    return _C.in_relaxed_capture_mode(fn)
 
 
 class CudaLanes:
@@ -123,7 +107,7 @@ class CudaLanes:
         self._last = {}  # per lane, the job started last
         self._turns = _Turns()
         self._queues = {lane: queue.SimpleQueue() for lane in lanes}
-        self._threads = [threading.Thread(target=self._enqueue_jobs, args=(q, self._turns),
+        self._threads = [threading.Thread(target=self._lane_thread, args=(q, self._turns),
                                           name=f"kvoffload enqueue {lane}", daemon=True)
                          for lane, q in self._queues.items()]
         for thread in self._threads:
@@ -161,8 +145,20 @@ class CudaLanes:
         self._queues[handle.lane].put(item)
 
     @staticmethod
+    def _lane_thread(jobs: queue.SimpleQueue, turns: "_Turns") -> None:
+        """The lane's jobs, enqueued in relaxed capture mode (the queries and waits of
+        resolving them too); in the thread's own mode only where CUDA would not relax it,
+        and then a capture elsewhere may fail some of them, by name."""
+        started = []
+        try:
+            _relaxed(lambda: started.append(True) or CudaLanes._enqueue_jobs(jobs, turns))
+        except BaseException:
+            if started:
+                raise
+            CudaLanes._enqueue_jobs(jobs, turns)
+
+    @staticmethod
     def _enqueue_jobs(jobs: queue.SimpleQueue, turns: "_Turns") -> None:
-        _relax_capture_mode()  # the lane's own thread, for good
         index, tail_pipelined, before = 0, False, None  # the lane's job enqueued last
         while (item := jobs.get()) is not None:
             job, lane, streams, copy, waits, pipelined, resolve = item
@@ -228,24 +224,21 @@ class CudaLanes:
             return handle.recycled
         if not handle.recorded:
             return True
-        with _relaxed():
-            return handle.end.query()
+        return _relaxed(handle.end.query)
 
     @staticmethod
     def wait(handle) -> None:
         with handle.queued:  # a C lock: an interrupt cannot leave it held
             recorded = handle.recorded
         if recorded:
-            with _relaxed():
-                handle.end.synchronize()
+            _relaxed(handle.end.synchronize)
 
     @staticmethod
     def result(handle) -> tuple[float, str | None]:
         """(seconds, error) of a done job."""
         if not handle.recorded:
             return 0.0, handle.error
-        with _relaxed():
-            return CudaLanes._timed(handle)
+        return _relaxed(lambda: CudaLanes._timed(handle))
 
     @staticmethod
     def _timed(handle) -> tuple[float, str | None]:
@@ -305,10 +298,9 @@ class CudaLanes:
             return
         for thread in self._threads:
             thread.join()
-        with _relaxed():
-            for streams in self._streams.values():
-                for stream in streams:
-                    stream.synchronize()
+        for streams in self._streams.values():
+            for stream in streams:
+                _relaxed(stream.synchronize)
 
 
 class _Turns:
