@@ -243,6 +243,32 @@ _FAKE_TORCH = types.SimpleNamespace(cuda=types.SimpleNamespace(
     Event=_Event, Stream=_Stream, current_stream=lambda device=None: _Stream()))
 
 
+@pytest.mark.parametrize("relax", ["relaxes", "cannot relax"])
+def test_cuda_lanes_enqueue_in_relaxed_capture_mode_or_else_in_their_own(monkeypatch, relax):
+    # A lane thread runs its jobs inside the relaxed scope; where CUDA refuses the scope
+    # (before it runs anything), the jobs still run, and nothing hangs.
+    relaxed = threading.local()
+
+    def scope(fn):
+        if relax == "cannot relax" and threading.current_thread().name.startswith("kvoffload enqueue"):
+            raise RuntimeError("cudaThreadExchangeStreamCaptureMode: injected")
+        relaxed.on = True
+        try:
+            return fn()
+        finally:
+            relaxed.on = False
+
+    monkeypatch.setattr(transfer_lanes, "_relaxed", scope)
+    lanes = CudaLanes(_FAKE_TORCH, 0, ["store", "load"])
+    seen = []
+    jobs = [lanes.submit(lane, lambda stream: seen.append(getattr(relaxed, "on", False)), [])
+            for lane in ("store", "load", "store")]
+    for job in jobs:
+        within(lambda job=job: lanes.wait(job))
+    assert seen == [relax == "relaxes"] * 3
+    lanes.close()
+
+
 def test_cuda_lanes_run_a_job_started_twice_once_and_go_on():
     # What the handler does after an interrupt between start() and its bookkeeping.
     lanes = CudaLanes(_FAKE_TORCH, 0, ["store", "load"])
