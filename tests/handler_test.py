@@ -619,13 +619,20 @@ def test_a_partial_restore_keeps_the_failed_sub_blocks_partial(gated_failure):
         handler.shutdown()
 
 
-def test_a_failed_store_fails_only_the_loads_of_its_bytes(gated_failure):
-    rng = np.random.default_rng(24)
-    handler, model = make_handler(rng, [256], [2], num_blocks=16, num_chunks=8, bpc=2, cpu_layout="chunk_major")
+def armed_handler(gated_failure, seed):
+    """A handler whose chunks 4 and 5 hold a first store, and whose next job fails once
+    the gate opens."""
+    handler, model = make_handler(np.random.default_rng(seed), [256], [2], num_blocks=16, num_chunks=8, bpc=2,
+                                  cpu_layout="chunk_major")
     run_job(handler, model, "first", "store", [8, 9, 10, 11], [4], [0], [4, 5])
     arm, gate = gated_failure
     gate.clear()
     arm()
+    return handler, model, gate
+
+
+def test_a_failed_store_fails_only_the_loads_of_its_bytes(gated_failure):
+    handler, model, gate = armed_handler(gated_failure, 24)
     handler.store("bad", GPUSpec([0, 1, 2, 3], [4], [0]), CPUSpec([0, 1]))
     # While it runs: a load over the blocks it reads, a store behind it, a load of its bytes.
     submit(handler, model, "overwrites its blocks", "load", [0, 1, 2, 3], [4], [0], [4, 5])
@@ -641,12 +648,7 @@ def test_a_failed_store_fails_only_the_loads_of_its_bytes(gated_failure):
 
 
 def test_a_store_of_blocks_a_failed_load_was_writing_fails_naming_it(gated_failure):
-    rng = np.random.default_rng(26)
-    handler, model = make_handler(rng, [256], [2], num_blocks=16, num_chunks=8, bpc=2, cpu_layout="chunk_major")
-    run_job(handler, model, "first", "store", [8, 9, 10, 11], [4], [0], [4, 5])
-    arm, gate = gated_failure
-    gate.clear()
-    arm()
+    handler, model, gate = armed_handler(gated_failure, 26)
     handler.load("bad load", CPUSpec([4, 5]), GPUSpec([0, 1, 2, 3], [4], [0]))
     # Ordered after the load: it would store what the failed load left in blocks 2 and 3.
     handler.store("stores its blocks", GPUSpec([2, 3], [2], [0]), CPUSpec([6]))

@@ -151,7 +151,7 @@ class FakeTorch:
                 self.made.append(self)
 
             def record(self, stream):
-                pass
+                self.stream = stream
 
             def query(self):
                 return self in FakeTorch.cuda.done
@@ -170,6 +170,14 @@ def test_raw_copies_stay_at_depth_and_count_each_call_once():
     copies.top_up()
     assert made == [0, 1, 0, 1, 0] and len(copies.flying) == 3
     assert copies.drain() == 100 + 200 + 100 + 200 + 100 and copies.drain() == 0
+
+
+def test_a_raw_call_given_its_stream_is_followed_there():
+    calls = [(lambda: None, 1, "ring stream 0"), (lambda: None, 1, "ring stream 1"), (lambda: None, 1)]
+    copies = RawCopies(FakeTorch, calls, stream="default", depth=3)
+    copies.top_up()
+    assert [e.stream for e, _ in copies.flying] == ["ring stream 0", "ring stream 1", "default"]
+    assert copies.drain() == 3
 
 
 @pytest.mark.parametrize("args, error, match", [(dict(calls=[]), ValueError, "calls: expected"),

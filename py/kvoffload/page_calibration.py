@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import sys
 from typing import ClassVar
 
@@ -31,7 +30,7 @@ from kvoffload.vocabulary import Direction
 PAGE_BYTES = [4 << 10, 16 << 10, 64 << 10]
 TENSORS = 32
 JOB_BYTES = 128 << 20
-JOBS = 4  # taken in turn, two in flight
+JOBS = 4  # taken in turn, two in flight; even, as the ring's alternate two streams
 PATHS = (PagePath.DMA, PagePath.STAGED)
 ROWS = "pages_dma_rows"
 # The variants measured, by name: (path, whether the tensors are rows of one allocation).
@@ -132,45 +131,6 @@ def _jobs(rng, n: int, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
     return list(zip(blocks, chunks))
 
 
-class _PageCopies:
-    """A variant's jobs kept ``depth`` in flight through its page table, taken in turn, as
-    a handler's lane runs them: the ring's jobs on two streams in turn (each job's stages
-    then overlap the one before's), DMA's on one; loads read with ANY (no store in flight)."""
-
-    def __init__(self, torch, table, jobs, page, path, rows, direction, streams, depth=2):
-        from kvoffload import _C
-
-        self.torch, self.streams, self.depth = torch, streams if path == PagePath.STAGED else streams[:1], depth
-        order = _C.SrcAccessOrder.ANY if direction == Direction.LOAD and path == PagePath.DMA else \
-            _C.SrcAccessOrder.STREAM
-        self.calls = itertools.cycle([functools.partial(table.copy, b, c, [len(b)], [0], direction=direction.native,
-                                                        path=path, strided=rows, src_order=order)
-                                      for b, c in jobs])
-        self.nbytes = len(jobs[0][0]) * TENSORS * page
-        self.turn = 0
-        self.flying, self.moved = [], 0
-
-    def top_up(self) -> None:
-        while self.flying and self.flying[0].query():
-            self.flying.pop(0)
-            self.moved += self.nbytes
-        while len(self.flying) < self.depth:
-            stream = self.streams[self.turn % len(self.streams)]
-            self.turn += 1
-            next(self.calls)(stream=stream)
-            event = self.torch.cuda.Event()
-            event.record(stream)
-            self.flying.append(event)
-
-    def drain(self) -> int:
-        for event in self.flying:
-            event.synchronize()
-            self.moved += self.nbytes
-        self.flying.clear()
-        moved, self.moved = self.moved, 0
-        return moved
-
-
 def page_sources(torch, where: str, job_bytes: int = JOB_BYTES) -> tuple[list, dict]:
     """(held, sources): per page size of PAGE_BYTES, TENSORS tensors as rows of one
     allocation and one pinned pool, which every variant of VARIANTS addresses through a
@@ -178,8 +138,10 @@ def page_sources(torch, where: str, job_bytes: int = JOB_BYTES) -> tuple[list, d
     the tensors taken a copy per page or as rows. sources[variant, direction, page] makes
     the Copies that keep its jobs in flight; the meter runs one source at a time, so they
     share the memory, which ``held`` keeps alive while they run."""
+    from kvoffload import _C
     from kvoffload.page_table import page_table
     from kvoffload.pool_layout import kv_layout, pool_bytes
+    from kvoffload.steady_copies import RawCopies
 
     rng = np.random.default_rng(0)
     streams = {d: [torch.cuda.Stream(where) for _ in range(2)] for d in Direction}
@@ -200,8 +162,16 @@ def page_sources(torch, where: str, job_bytes: int = JOB_BYTES) -> tuple[list, d
             table = page_table(layout)
             held.append(table)
             for d in Direction:
-                sources[key, d, page] = functools.partial(_PageCopies, torch, table, jobs, page, path, rows, d,
-                                                          streams[d])
+                # As a lane runs them: the ring's jobs on two streams in turn (each job's
+                # stages then overlap the one before's), DMA's on one; loads read with ANY
+                # (no store in flight).
+                ring = path == PagePath.STAGED
+                order = _C.SrcAccessOrder.ANY if d == Direction.LOAD and not ring else _C.SrcAccessOrder.STREAM
+                on = [streams[d][k % 2 if ring else 0] for k in range(len(jobs))]
+                calls = [(functools.partial(table.copy, b, c, [n], [0], direction=d.native, stream=stream, path=path,
+                                            strided=rows, src_order=order), n * TENSORS * page, stream)
+                         for (b, c), stream in zip(jobs, on)]
+                sources[key, d, page] = functools.partial(RawCopies, torch, calls, streams[d][0])
     return held, sources
 
 

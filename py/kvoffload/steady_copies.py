@@ -79,7 +79,8 @@ def in_calls(copy, src, dst, sizes, call_bytes: int) -> list[tuple]:
 
 class RawCopies:
     """Calls that each enqueue copies on ``stream``, ``calls`` as (call, bytes) taken in
-    turn (in_calls), ``depth`` calls in flight: one raw-pointer method on one batch."""
+    turn (in_calls), ``depth`` calls in flight: one raw-pointer method on one batch. A call
+    given as (call, bytes, its stream) enqueues on that stream instead."""
 
     def __init__(self, torch, calls: list[tuple], stream, depth: int = 2):
         if not calls:
@@ -94,10 +95,10 @@ class RawCopies:
         while self.flying and self.flying[0][0].query():
             self.moved += self.flying.pop(0)[1]
         while len(self.flying) < self.depth:
-            call, nbytes = next(self.calls)
+            call, nbytes, *on = next(self.calls)
             call()
             event = self.torch.cuda.Event()
-            event.record(self.stream)
+            event.record(on[0] if on else self.stream)
             self.flying.append((event, nbytes))
 
     def drain(self) -> int:
