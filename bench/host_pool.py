@@ -4,7 +4,7 @@ resident memory it costs, and the bulk copy rate from its first and last GiB.
   bazel run //bench:host_pool -- --gib=20,40
 
 Ways: torch's pin_memory allocator (what kvoffload used before its own pool), vLLM's
-(mmap, MADV_POPULATE_WRITE, one cudaHostRegister), and kvoffload.host_pool.HostPool.
+(mmap, MADV_POPULATE_WRITE, one cudaHostRegister), and kvoffload.pool.host_pool.HostPool.
 Each way and size runs in a fresh process, one after another, so each starts from the
 same free memory and gives all of it back before the next. Without a GPU only the
 mapping and touching are measured (torch: torch.zeros), and nothing is written unless
@@ -25,7 +25,7 @@ try:
     import kvoffload  # noqa: F401
 except ImportError:  # run as bench/host_pool.py from a GPU bundle (tools/stage_gpu_bundle.sh)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from kvoffload.host_pool import PoolOptions  # noqa: E402 - after the path above
+from kvoffload.pool.host_pool import PoolOptions  # noqa: E402 - after the path above
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("gib", ["20", "40"], "Pool sizes, GiB.")
@@ -70,7 +70,7 @@ def allocate(way, nbytes, gpu, options):
             if int(status) != 0:
                 raise RuntimeError(f"cudaHostRegister: error {int(status)}")
         return torch.from_numpy(array), memory
-    from kvoffload.host_pool import HostPool, PoolOptions
+    from kvoffload.pool.host_pool import HostPool, PoolOptions
 
     pool = HostPool(nbytes, pinned=gpu, options=PoolOptions(**options))
     return pool.tensor, pool
@@ -131,7 +131,7 @@ def run(way, nbytes, gpu, copy_bytes, options=None):
 
 def kvoffload_options():
     """Every PoolOptions the flags ask for, as keyword dicts."""
-    from kvoffload.host_pool import PoolOptions
+    from kvoffload.pool.host_pool import PoolOptions
 
     registration = int(FLAGS.registration_gib * 2**30) if FLAGS.registration_gib else PoolOptions.registration_bytes
     return [dict(register_threads=int(threads), huge_pages=huge, registration_bytes=registration)

@@ -1,5 +1,5 @@
 """What a staging ring held in persisting L2 (kv.Pages(slots_in_l2=True)) costs a model
-that is not copying: the decode loop's step (kvoffload.compute_loop) with the device's
+that is not copying: the decode loop's step (kvoffload.meter.compute_loop) with the device's
 persisting set-aside as the ring's store leaves it, and with none, alternating.
 
   bazel run //bench:l2_set_aside -- --out=bench/results/l2_set_aside_<gpu>.json
@@ -40,7 +40,7 @@ def main(argv):
     import torch
 
     import kvoffload as kv
-    from kvoffload import compute_loop
+    from kvoffload.meter import compute_loop
 
     rt = cudart(torch)
     loop = compute_loop.ComputeLoop(torch, "decode")

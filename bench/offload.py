@@ -28,10 +28,12 @@ import numpy as np
 from absl import app, flags
 
 import kvoffload as kv
-from kvoffload import calibration, compute_loop, meter, page_methods
-from kvoffload.handler import OffloadHandler
-from kvoffload.planner import CPUSpec, GPUSpec, chunks_used
-from kvoffload.steady_copies import BulkCopies, HandlerAsWorker, WorkerCopies
+from kvoffload.costs import calibration
+from kvoffload.jobs.handler import OffloadHandler
+from kvoffload.meter import compute_loop, meter
+from kvoffload.meter.sources import BulkCopies, HandlerAsWorker, WorkerCopies
+from kvoffload.pages import paths as page_methods
+from kvoffload.pages.planner import CPUSpec, GPUSpec, chunks_used
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("job_blocks", ["32", "128", "512"], "Blocks per job (16 tokens each).")
@@ -39,11 +41,11 @@ flags.DEFINE_integer("gpu_blocks", 2048, "GPU blocks per tensor.")
 flags.DEFINE_integer("blocks_per_chunk", 16, "Blocks per CPU chunk.")
 flags.DEFINE_integer("moved_mib", 4096, "Bytes moved per measurement and direction, MiB.")
 flags.DEFINE_string("out", "", "Write the results as JSON here (relative to the workspace).")
-flags.DEFINE_list("methods", ["auto", "batch"], "Handler copy methods to compare (kvoffload.auto); "
+flags.DEFINE_list("methods", ["auto", "batch"], "Handler copy methods to compare (kvoffload.costs.auto); "
                   "pages_ctasN and pages_kernel_ctasN are those methods with Pages(ctas=N).")
 flags.DEFINE_bool("concurrent", False, "Also run stores and loads at once.")
 flags.DEFINE_list("devices", [], "GPUs to run one handler each on, at once (e.g. 0,1).")
-flags.DEFINE_list("interference", [], "Compute loops (model, decode, gemm; kvoffload.compute_loop) beside "
+flags.DEFINE_list("interference", [], "Compute loops (model, decode, gemm; kvoffload.meter.compute_loop) beside "
                   "which to also run each method's stores and loads, reporting the step slowdown.")
 
 # name -> [(layers, kv heads, head dim)] per group; K and V are separate tensors.

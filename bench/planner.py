@@ -13,9 +13,9 @@ import numpy as np
 from absl import app, flags
 
 from kvoffload import Direction
-from kvoffload.page_table import job_arguments, page_table, transfer_plan
-from kvoffload.planner import CPUSpec, GPUSpec, GroupLayout, KVLayout, TensorLayout, chunks_used
-from kvoffload.registry import MemoryRegistry
+from kvoffload.copy.registry import MemoryRegistry
+from kvoffload.pages.planner import CPUSpec, GPUSpec, GroupLayout, KVLayout, TensorLayout, chunks_used
+from kvoffload.pages.table import job_arguments, page_table, transfer_plan
 
 try:
     from planner_reference import plan_per_block

@@ -20,8 +20,8 @@ import time
 import numpy as np
 from absl import app, flags
 
-from kvoffload.handler import OffloadHandler
-from kvoffload.planner import CPUSpec, GPUSpec
+from kvoffload.jobs.handler import OffloadHandler
+from kvoffload.pages.planner import CPUSpec, GPUSpec
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("seconds", 180, "How long to run.")

@@ -54,7 +54,7 @@ def bench_pool_args(groups, n, blocks, half=None, count=8):
 
 
 def saved_calls():
-    """The pool_jobs calls of the benchmark and tests/vllm_caches_test.py, which
+    """The pool_jobs calls of the benchmark and tests/vllm/vllm_caches_test.py, which
     tools/stage_vllm_bundle.sh saves for the GPU hosts."""
     calls = [(0, 4096, 2048, 64, 12, 2, 400)] + [(11, 96, 96, 8, 4, g, 20) for g in (1, 2)]
     for model, (n, blocks) in JOBS.items():
@@ -122,7 +122,7 @@ def canonical_caches(torch, model: str, kv_layout: str, num_blocks: int, device,
     cache of ``num_blocks`` blocks laid out as ``kv_layout`` (one of KV_LAYOUTS) on
     ``device``, filled with random bytes. Layer l of block b starts at byte
     ``offset + l * layer_stride + b * block_stride`` of the backing tensor. builder:
-    ``vllm`` (its own code), ``copy`` (copy_of_vllm, which tests/vllm_caches_test.py
+    ``vllm`` (its own code), ``copy`` (copy_of_vllm, which tests/vllm/vllm_caches_test.py
     holds against it), or ``auto``: vLLM's where it imports."""
     if kv_layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout: expected one of {KV_LAYOUTS}, got {kv_layout!r}")

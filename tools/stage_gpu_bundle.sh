@@ -29,7 +29,7 @@ esac
 rm -rf gpu_bundle
 mkdir -p gpu_bundle/tests gpu_bundle/bench/results gpu_bundle/tools
 install -m 644 "$wheel" gpu_bundle/
-cp tests/*.py gpu_bundle/tests/
+cp tests/*.py tests/*/*.py gpu_bundle/tests/  # flat: each test imports its helpers by name
 cp tools/check_targets.py gpu_bundle/tests/  # what check_targets_test imports
 cp bench/vllm_caches.py gpu_bundle/tests/     # what the tests on vLLM's own caches import
 # wheel_test needs Bazel (the bundle's suite runs on the wheel itself); vllm_engine_test

@@ -1,7 +1,7 @@
 #ifndef KVOFFLOAD_CC_PAGES_KEY_TABLES_H_
 #define KVOFFLOAD_CC_PAGES_KEY_TABLES_H_
 
-// Tables of int64 values indexed by keys, as kvoffload.lane_accesses keeps them (per key,
+// Tables of int64 values indexed by keys, as kvoffload.jobs.accesses keeps them (per key,
 // the job that last touched it). Work over kThreadedKeys keys or more is split over up to
 // max_threads threads: at most 4; 0 picks up to 4 and no more than the machine's cores.
 

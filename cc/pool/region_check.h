@@ -1,7 +1,7 @@
 #ifndef KVOFFLOAD_CC_POOL_REGION_CHECK_H_
 #define KVOFFLOAD_CC_POOL_REGION_CHECK_H_
 
-// Copies checked against registered memory, as kvoffload.registry merges it: sorted,
+// Copies checked against registered memory, as kvoffload.copy.registry merges it: sorted,
 // disjoint intervals [starts[j], ends[j]).
 
 #include <cstdint>

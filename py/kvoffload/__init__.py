@@ -3,7 +3,7 @@
 # The one definition of the version; the wheel's name and METADATA read it from here.
 __version__ = "0.1.0"
 
-from kvoffload.batch_copy import (
+from .copy.batch_copy import (
     CopyResult,
     CudaError,
     NoCudaDeviceError,
@@ -17,17 +17,17 @@ from kvoffload.batch_copy import (
     staged_copy,
     stream_device,
 )
-from kvoffload.auto import Auto
-from kvoffload.calibration_cache import CalibrationCacheError
-from kvoffload.copy_methods import Batch, Kernel, PerCopy, Staged
-from kvoffload.handler import OffloadHandler, TransferResult
-from kvoffload.host_pool import PoolNotReadyError, PoolOptions
-from kvoffload.ordering import UnsafeCopyError
-from kvoffload.page_methods import PagePath, Pages
-from kvoffload.planner import CPUSpec, GPUSpec
-from kvoffload.pool_memory import PinnedMemoryError
-from kvoffload.registry import UNCHECKED, MemoryRegistry
-from kvoffload.vocabulary import Direction, MemoryKind
+from .copy.methods import Batch, Kernel, PerCopy, Staged
+from .copy.ordering import UnsafeCopyError
+from .copy.registry import UNCHECKED, MemoryRegistry
+from .costs.auto import Auto
+from .costs.cache import CalibrationCacheError
+from .jobs.handler import OffloadHandler, TransferResult
+from .pages.paths import PagePath, Pages
+from .pages.planner import CPUSpec, GPUSpec
+from .pool.host_pool import PoolNotReadyError, PoolOptions
+from .pool.memory import PinnedMemoryError
+from .util.vocabulary import Direction, MemoryKind
 
 __all__ = [
     # The handler: what a user constructs, passes and catches.

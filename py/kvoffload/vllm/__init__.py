@@ -13,7 +13,7 @@ import re as _re
 import vllm as _vllm
 
 # The vLLM minor versions kvoffload.vllm is tested with: 0.32 end to end (vLLM's CPU build,
-# tests/vllm_engine_test.py), 0.33 through its classes (tests/vllm_*_test.py).
+# tests/vllm/vllm_engine_test.py), 0.33 through its classes (tests/vllm_*_test.py).
 SUPPORTED_VLLM = ("0.32", "0.33")
 
 
@@ -32,14 +32,14 @@ def _check_vllm_version(version) -> None:
 
 _check_vllm_version(getattr(_vllm, "__version__", "unknown"))
 
-from kvoffload.vllm.worker import KVOffloadWorker  # noqa: E402 - after the version check
+from .worker import KVOffloadWorker  # noqa: E402 - after the version check
 
 __all__ = ["KVOffloadSpec", "KVOffloadWorker"]
 
 
 def __getattr__(name):
     if name == "KVOffloadSpec":
-        from kvoffload.vllm.spec import KVOffloadSpec
+        from .spec import KVOffloadSpec
 
         return KVOffloadSpec
     if name == "KVOffloadTieringSpec":  # vLLM's tiering on kvoffload's worker (kvoffload.vllm.tiering)

@@ -25,8 +25,8 @@ from vllm.v1.kv_offload.base import GPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 
-from kvoffload.ints import is_int
-from kvoffload.vllm.worker import KVOffloadWorker, _block_view, _specs, _submit, group_tensors
+from ..util.arguments import is_int
+from .worker import KVOffloadWorker, _block_view, _specs, _submit, group_tensors
 
 
 class KVOffloadRegionWorker(KVOffloadWorker):
@@ -256,7 +256,7 @@ def _written(gpu_spec, cpu_spec, writers):
 
 
 def _check_handler(layout, pool) -> None:
-    """The handler's layout is the region's (a guard against kvoffload.pool_layout changing)."""
+    """The handler's layout is the region's (a guard against kvoffload.pool.layout changing)."""
     base = pool.buffer.data_ptr()
     for g, places in enumerate(pool.places):
         for r, (offset, stride) in enumerate(places):

@@ -8,13 +8,13 @@ import re
 
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
-from kvoffload.auto import Auto
-from kvoffload.host_pool import PoolOptions
-from kvoffload.job_methods import method_object
-from kvoffload.page_methods import Pages
-from kvoffload.pool_layout import CPU_LAYOUTS
-from kvoffload.shm_file import unguessable_name
-from kvoffload.vllm.worker import KVOffloadWorker
+from ..costs.auto import Auto
+from ..jobs.methods import method_object
+from ..pages.paths import Pages
+from ..pool.host_pool import PoolOptions
+from ..pool.layout import CPU_LAYOUTS
+from ..pool.shm_file import unguessable_name
+from .worker import KVOffloadWorker
 
 # kv_connector_extra_config keys read here; anything else goes to vLLM's spec.
 HANDLER_OPTIONS = {"kvoffload_method": "method", "kvoffload_cpu_layout": "cpu_layout"}

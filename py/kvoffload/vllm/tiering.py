@@ -21,9 +21,9 @@ import time
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-from kvoffload.shm_file import planted
-from kvoffload.vllm.region_worker import KVOffloadRegionWorker
-from kvoffload.vllm.spec import handler_options, require_chunks
+from ..pool.shm_file import planted
+from .region_worker import KVOffloadRegionWorker
+from .spec import handler_options, require_chunks
 
 
 class KVOffloadTieringSpec(TieringOffloadingSpec):

@@ -17,9 +17,9 @@ from vllm.v1.kv_offload.base import (CanonicalKVCaches, GPULoadStoreSpec, LoadSt
                                      OffloadingWorker, TransferResult)
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
-from kvoffload.handler import OffloadHandler
-from kvoffload.ints import is_int
-from kvoffload.planner import CPUSpec, GPUSpec
+from ..jobs.handler import OffloadHandler
+from ..pages.planner import CPUSpec, GPUSpec
+from ..util.arguments import is_int
 
 logger = logging.getLogger(__name__)
 

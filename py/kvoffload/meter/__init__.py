@@ -1,0 +1,6 @@
+"""kvoffload's meter: what copies kept in flight cost a model running beside them (meter),
+the model's loop (compute_loop) and the copy sources it keeps in flight (sources)."""
+
+from .compute_loop import WORKLOADS, ComputeLoop
+from .meter import Result, alone, measure
+from .sources import DIRECTIONS, BulkCopies, RawCopies, WorkerCopies
