@@ -58,7 +58,7 @@ def copy(src, dst, sizes, stream=None, *, direction: Direction | str,
 
 def chosen(src, dst, sizes, stream=None, *, direction: Direction | str,
            max_slowdown: float | None = MAX_SLOWDOWN, registry) -> str:
-    """The name of the candidate (copy_methods.CANDIDATES) that copy(..., method="auto")
+    """The name of the candidate (copy.methods.CANDIDATES) that copy(..., method="auto")
     takes for these copies; copy(..., method=name) copies with it."""
     direction = Direction.parse(direction, "direction")
     check_max_slowdown(max_slowdown)

@@ -88,7 +88,7 @@ class Calibration:
         """(method, predicted GB/s) for a job of copies of ``copy_bytes`` on average whose
         host side comes in runs of ``host_run_bytes``: kvoffload.costs.rule's fastest
         within ``max_slowdown`` beside the model; None takes the fastest alone. The method
-        is a name of copy_methods.CANDIDATES."""
+        is a name of copy.methods.CANDIDATES."""
         def runs(method):
             return CANDIDATES[method].name == "staged" and host_run_bytes >= RUN_BYTES
 

@@ -156,7 +156,7 @@ def page_sources(torch, where: str, job_bytes: int = JOB_BYTES) -> tuple[list, d
         pool = torch.empty(pool_bytes(pages, [blocks], 1), dtype=torch.uint8, pin_memory=True)
         held += [backing, pool]
         for key, (path, rows) in VARIANTS.items():
-            # A handler lays its pool out chunk-major where DMA goes by rows (job_methods.cpu_layout_for).
+            # A handler lays its pool out chunk-major where DMA goes by rows (jobs.methods.cpu_layout_for).
             layout = kv_layout([cache], pages, [blocks], 1, pool.data_ptr(),
                                "chunk_major" if rows else cpu_layout({d: path for d in Direction}))
             table = page_table(layout)

@@ -27,7 +27,7 @@ from ..copy.ordering import PendingWrites, safe_order
 from ..copy.registry import UNCHECKED
 from ..costs.auto import METHODS as COPY_METHODS
 from ..costs.auto import Auto
-from ..pages import paths as page_methods
+from ..pages import paths as page_paths
 from ..pages.paths import PagePath, Pages
 from ..pages.table import transfer_plan
 from ..util.vocabulary import Direction, MemoryKind
@@ -36,7 +36,7 @@ from .descriptor_pool import DescriptorPool
 logger = logging.getLogger(__name__)
 
 Method = Union[str, Pages, Auto, CopyMethod]
-NAMES = ("auto",) + COPY_METHODS + page_methods.METHODS
+NAMES = ("auto",) + COPY_METHODS + page_paths.METHODS
 
 
 def method_object(method: Method) -> Pages | Auto | CopyMethod:
@@ -45,7 +45,7 @@ def method_object(method: Method) -> Pages | Auto | CopyMethod:
         return method
     if isinstance(method, str) and method == "auto":
         return Auto()
-    if isinstance(method, str) and method in page_methods.METHODS:
+    if isinstance(method, str) and method in page_paths.METHODS:
         return Pages.named(method)
     try:
         return copy_method(method)
@@ -88,9 +88,9 @@ class PageChoice:
 
     @classmethod
     def of(cls, method: Pages, pages, batch_copy: bool, cal=None, rows=()) -> PageChoice:
-        small = max((p for group in pages for p in group), default=0) < page_methods.ROWS_BELOW_PAGE_BYTES
+        small = max((p for group in pages for p in group), default=0) < page_paths.ROWS_BELOW_PAGE_BYTES
         every = method.strided and small and bool(rows) and all(r is None for r in rows)
-        paths = page_methods.choose(method, pages, batch_copy, cal, every)
+        paths = page_paths.choose(method, pages, batch_copy, cal, every)
         return cls(paths, batch_copy, cal, tuple(rows), every and PagePath.DMA in paths.values())
 
     def without_rows(self, method: Pages, pages) -> PageChoice:
@@ -105,7 +105,7 @@ def page_choice(method: Pages | Auto | CopyMethod, device, pages, gpu_tensors=()
     if device.type != "cuda" or not isinstance(method, Pages):
         return None
     cal = page_calibration.page_calibration(device.index) if method.max_slowdown is not None else None
-    rows = [page_methods.rows_why_not(g, p) for g, p in zip(gpu_tensors, pages) if g]
+    rows = [page_paths.rows_why_not(g, p) for g, p in zip(gpu_tensors, pages) if g]
     choice = PageChoice.of(method, pages, batch_entry_point_version() > 0, cal, rows)
     if method.slots_in_l2 and PagePath.STAGED in choice.paths.values():
         _C.require_fits_l2(device.index, method.slot_bytes, method.slots)
@@ -113,7 +113,7 @@ def page_choice(method: Pages | Auto | CopyMethod, device, pages, gpu_tensors=()
 
 
 def cpu_layout_for(choice: PageChoice | None, own_pool: bool = True) -> str:
-    """The pool layout a handler takes where it names none: page_methods.cpu_layout for
+    """The pool layout a handler takes where it names none: page_paths.cpu_layout for
     the paths of its page jobs (``choice``) with ``own_pool`` (a pool that only it sees,
     pinned before it returns), else chunk-major. A shared pool's layout must not hang on
     one rank's choice, and a pool pinned in the background serves the jobs on its first
@@ -124,7 +124,7 @@ def cpu_layout_for(choice: PageChoice | None, own_pool: bool = True) -> str:
         # By rows: a chunk's tensors back to back keep the host pitch one chunk's page
         # (within the device's largest pitch) and a copy inside one registration.
         return "chunk_major"
-    return page_methods.cpu_layout(choice.paths)
+    return page_paths.cpu_layout(choice.paths)
 
 
 @dataclasses.dataclass
@@ -160,7 +160,7 @@ class PageJobs:
                 registry.check([t.gpu_base], [gpu_span], MemoryKind.DEVICE, f"group {g} GPU extent")
             if cpu_span:
                 registry.check([t.cpu_base], [cpu_span], MemoryKind.HOST, f"group {g} CPU extent")
-        page = page_methods.mean_page_bytes(page_methods.layout_pages(layout))
+        page = page_paths.mean_page_bytes(page_paths.layout_pages(layout))
         if method.slots_in_l2 and PagePath.STAGED in self.paths.values():
             logger.warning("kvoffload: the staging ring's slots are held in persisting L2; the set-aside "
                            "slows every step of a model on this device (docs/studies.md)")
@@ -171,7 +171,7 @@ class PageJobs:
         if refused:
             # The driver said no (another allocation, a pitch past the device's largest):
             # the choice without rows, no 2D copies at all.
-            self.paths = choice.without_rows(method, page_methods.layout_pages(layout)).paths
+            self.paths = choice.without_rows(method, page_paths.layout_pages(layout)).paths
             self._ring["strided"] = False
             refusal = "the tensors are not rows the driver copies in 2D (" + ", ".join(per_page) + ")"
             strided = per_page = []
@@ -196,11 +196,11 @@ class PageJobs:
             why += "; DMA per page for " + ", ".join(per_page)
         self.reasons = {d.value: why for d in self.paths}
         logger.info("kvoffload: %s page bytes on average: stores by %s, loads by %s (%s)", f"{page:.0f}",
-                    page_methods.name(self.paths[Direction.STORE]), page_methods.name(self.paths[Direction.LOAD]), why)
+                    page_paths.name(self.paths[Direction.STORE]), page_paths.name(self.paths[Direction.LOAD]), why)
 
     @property
     def methods(self) -> dict[str, str]:
-        return {d.value: page_methods.name(p) for d, p in self.paths.items()}
+        return {d.value: page_paths.name(p) for d, p in self.paths.items()}
 
     def plan(self, direction, prepared, gpu, registry) -> tuple[int, None]:
         """(bytes, plan) of a job. Page jobs check no copies, so the tensors' storage is
