@@ -1,6 +1,10 @@
 #ifndef KVOFFLOAD_CC_COPY_BATCH_COPY_H_
 #define KVOFFLOAD_CC_COPY_BATCH_COPY_H_
 
+// The batch copy: cuMemcpyBatchAsync, at most kCopiesPerDriverCall copies a driver call,
+// with a per-copy fallback taken only for its named reason. kvoffload.batch_copy, the page
+// copies' DMA path and the staged copy's host side call it.
+
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

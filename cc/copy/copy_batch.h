@@ -1,6 +1,9 @@
 #ifndef KVOFFLOAD_CC_COPY_COPY_BATCH_H_
 #define KVOFFLOAD_CC_COPY_COPY_BATCH_H_
 
+// A batch of raw copies (source, destination and size arrays) and its validation, which
+// every copy method runs before it copies.
+
 #include <cstdint>
 
 namespace kvoffload {

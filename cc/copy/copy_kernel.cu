@@ -9,7 +9,7 @@
 #include "cc/cuda/cuda_check.h"
 #include "cc/cuda/load_kernel.h"
 #include "cc/cuda/stream_device.h"
-#include "cc/pool/memory_reach.h"
+#include "cc/memory/memory_reach.h"
 
 namespace kvoffload {
 namespace {

@@ -1,6 +1,9 @@
 #ifndef KVOFFLOAD_CC_COPY_COPY_KERNEL_H_
 #define KVOFFLOAD_CC_COPY_COPY_KERNEL_H_
 
+// The SM copy kernel: a batch cut into pieces, one warp a piece, on a budget of CTAs.
+// kvoffload.kernel_copy and the staged copy's gather and scatter run it.
+
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

@@ -1,6 +1,9 @@
 #ifndef KVOFFLOAD_CC_COPY_COPY_PATH_H_
 #define KVOFFLOAD_CC_COPY_COPY_PATH_H_
 
+// Which path a batch took (CopyPath) and why, as every copy call reports it
+// (kvoffload.CopyResult).
+
 #include <cstdint>
 
 namespace kvoffload {

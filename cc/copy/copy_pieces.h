@@ -1,6 +1,8 @@
 #ifndef KVOFFLOAD_CC_COPY_COPY_PIECES_H_
 #define KVOFFLOAD_CC_COPY_COPY_PIECES_H_
 
+// Copies cut into pieces of at most a given size, for the copy kernel's warps.
+
 #include <cstdint>
 #include <vector>
 

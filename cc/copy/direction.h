@@ -1,6 +1,8 @@
 #ifndef KVOFFLOAD_CC_COPY_DIRECTION_H_
 #define KVOFFLOAD_CC_COPY_DIRECTION_H_
 
+// Which way a copy goes, in every layer of the core.
+
 #include <cstdint>
 
 namespace kvoffload {

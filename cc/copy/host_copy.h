@@ -1,6 +1,8 @@
 #ifndef KVOFFLOAD_CC_COPY_HOST_COPY_H_
 #define KVOFFLOAD_CC_COPY_HOST_COPY_H_
 
+// kvoffload.host_copy: host-to-host copies, threaded, with no GPU.
+
 #include "cc/copy/copy_batch.h"
 #include "cc/copy/copy_path.h"
 

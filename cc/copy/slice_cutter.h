@@ -1,6 +1,8 @@
 #ifndef KVOFFLOAD_CC_COPY_SLICE_CUTTER_H_
 #define KVOFFLOAD_CC_COPY_SLICE_CUTTER_H_
 
+// A staged copy's batch cut into ring slots: per slot, the DMA runs and the kernel pieces.
+
 #include <cstdint>
 #include <functional>
 #include <vector>

@@ -13,7 +13,7 @@
 #include "cc/copy/staging_ring.h"
 #include "cc/cuda/cuda_check.h"
 #include "cc/cuda/stream_device.h"
-#include "cc/pool/memory_reach.h"
+#include "cc/memory/memory_reach.h"
 
 namespace kvoffload {
 namespace {

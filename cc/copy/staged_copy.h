@@ -1,6 +1,9 @@
 #ifndef KVOFFLOAD_CC_COPY_STAGED_COPY_H_
 #define KVOFFLOAD_CC_COPY_STAGED_COPY_H_
 
+// kvoffload.staged_copy: DMA through a device staging ring plus a gather or scatter kernel,
+// for batches of small copies.
+
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

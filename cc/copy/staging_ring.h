@@ -1,6 +1,9 @@
 #ifndef KVOFFLOAD_CC_COPY_STAGING_RING_H_
 #define KVOFFLOAD_CC_COPY_STAGING_RING_H_
 
+// The device staging ring the staged copy and the page table's staged path pipeline
+// through.
+
 #include <cuda_runtime_api.h>
 
 #include <cstdint>

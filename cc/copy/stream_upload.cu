@@ -2,8 +2,8 @@
 
 #include <cstring>
 
+#include "cc/copy/pinned_buffers.h"
 #include "cc/cuda/cuda_check.h"
-#include "cc/pool/pinned_buffers.h"
 
 namespace kvoffload {
 

@@ -1,6 +1,9 @@
 #ifndef KVOFFLOAD_CC_COPY_STREAM_UPLOAD_H_
 #define KVOFFLOAD_CC_COPY_STREAM_UPLOAD_H_
 
+// Host arrays uploaded to device memory in stream order, for the kernels that read them
+// (the copy kernel, the page copies).
+
 #include <cuda_runtime_api.h>
 
 #include <cstddef>

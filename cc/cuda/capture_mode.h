@@ -1,6 +1,9 @@
 #ifndef KVOFFLOAD_CC_CUDA_CAPTURE_MODE_H_
 #define KVOFFLOAD_CC_CUDA_CAPTURE_MODE_H_
 
+// RelaxedCaptureMode: this thread's stream-capture mode relaxed for a scope (RAII), for the
+// calls that must not break another thread's graph capture.
+
 #include <cuda_runtime_api.h>
 
 #include "cc/cuda/cuda_check.h"

@@ -1,6 +1,8 @@
 #ifndef KVOFFLOAD_CC_CUDA_CUDA_CHECK_H_
 #define KVOFFLOAD_CC_CUDA_CUDA_CHECK_H_
 
+// CheckCuda: every CUDA runtime status checked, a failure thrown as CudaError.
+
 #include <cuda_runtime_api.h>
 
 #include <atomic>

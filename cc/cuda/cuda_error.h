@@ -1,6 +1,9 @@
 #ifndef KVOFFLOAD_CC_CUDA_CUDA_ERROR_H_
 #define KVOFFLOAD_CC_CUDA_CUDA_ERROR_H_
 
+// The core's CUDA failures as exceptions that carry the error's name (kvoffload.CudaError,
+// kvoffload.NoCudaDeviceError).
+
 #include <cstdint>
 #include <stdexcept>
 #include <string>

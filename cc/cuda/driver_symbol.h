@@ -1,6 +1,9 @@
 #ifndef KVOFFLOAD_CC_CUDA_DRIVER_SYMBOL_H_
 #define KVOFFLOAD_CC_CUDA_DRIVER_SYMBOL_H_
 
+// Driver entry points resolved at run time, never linked, so a driver without one is
+// a named fallback rather than a load failure.
+
 #include <string>
 
 namespace kvoffload {

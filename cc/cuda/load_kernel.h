@@ -1,6 +1,9 @@
 #ifndef KVOFFLOAD_CC_CUDA_LOAD_KERNEL_H_
 #define KVOFFLOAD_CC_CUDA_LOAD_KERNEL_H_
 
+// Kernels loaded into the context when a handler is made, so a first copy does not wait
+// behind the device's work.
+
 #include <cuda_runtime_api.h>
 
 #include "cc/cuda/cuda_check.h"

@@ -1,6 +1,9 @@
 #ifndef KVOFFLOAD_CC_CUDA_STREAM_DEVICE_H_
 #define KVOFFLOAD_CC_CUDA_STREAM_DEVICE_H_
 
+// A stream's device, and the refusal of a capturing stream, which every copy asks first;
+// the device guard that makes it current.
+
 #include <cuda_runtime_api.h>
 
 namespace kvoffload {

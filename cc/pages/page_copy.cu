@@ -19,8 +19,8 @@
 #include "cc/cuda/driver_symbol.h"
 #include "cc/cuda/load_kernel.h"
 #include "cc/cuda/stream_device.h"
+#include "cc/memory/memory_reach.h"
 #include "cc/pages/page_address.h"
-#include "cc/pool/memory_reach.h"
 
 namespace kvoffload {
 namespace {

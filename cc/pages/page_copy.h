@@ -1,6 +1,10 @@
 #ifndef KVOFFLOAD_CC_PAGES_PAGE_COPY_H_
 #define KVOFFLOAD_CC_PAGES_PAGE_COPY_H_
 
+// The page table's copies on a device: a job's pages moved by DMA (per page, or as 2D
+// copies by rows) or through the staging ring with addresses computed on the GPU.
+// kvoffload._C.PageTable's copy calls.
+
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -8,8 +12,11 @@
 #include "cc/copy/copy_batch.h"
 #include "cc/copy/copy_path.h"
 #include "cc/copy/direction.h"
-#include "cc/pages/page_table.h"
+#include "cc/pages/page_dma.h"
+#include "cc/pages/page_job.h"
+#include "cc/pages/page_layout.h"
 #include "cc/pages/row_copies.h"
+#include "cc/pages/segments.h"
 
 namespace kvoffload {
 

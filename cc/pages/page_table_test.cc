@@ -1,6 +1,10 @@
 // Host logic of id-addressed transfers, against a per-block reference on random layouts.
 
-#include "cc/pages/page_table.h"
+#include "cc/keys/job_keys.h"
+#include "cc/pages/page_dma.h"
+#include "cc/pages/page_job.h"
+#include "cc/pages/page_layout.h"
+#include "cc/pages/segments.h"
 
 #include <algorithm>
 #include <array>

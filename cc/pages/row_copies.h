@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "cc/copy/direction.h"
-#include "cc/pages/page_table.h"
+#include "cc/pages/page_dma.h"
+#include "cc/pages/page_layout.h"
+#include "cc/pages/segments.h"
 
 namespace kvoffload {
 

@@ -11,7 +11,10 @@
 #include <random>
 #include <vector>
 
-#include "cc/pages/page_table.h"
+#include "cc/pages/page_dma.h"
+#include "cc/pages/page_job.h"
+#include "cc/pages/page_layout.h"
+#include "cc/pages/segments.h"
 #include "cc/util/test_checks.h"
 
 namespace kvoffload {

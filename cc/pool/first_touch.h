@@ -1,6 +1,8 @@
 #ifndef KVOFFLOAD_CC_POOL_FIRST_TOUCH_H_
 #define KVOFFLOAD_CC_POOL_FIRST_TOUCH_H_
 
+// A host pool's pages faulted in by threads (madvise populate), with a NUMA preference.
+
 #include <cstddef>
 #include <cstdint>
 #include <vector>

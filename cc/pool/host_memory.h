@@ -1,6 +1,9 @@
 #ifndef KVOFFLOAD_CC_POOL_HOST_MEMORY_H_
 #define KVOFFLOAD_CC_POOL_HOST_MEMORY_H_
 
+// Page-locking of host memory a caller gives a pool (host_buffer), and whether an address
+// is already page-locked.
+
 #include <cstdint>
 
 namespace kvoffload {

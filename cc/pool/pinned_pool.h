@@ -1,6 +1,8 @@
 #ifndef KVOFFLOAD_CC_POOL_PINNED_POOL_H_
 #define KVOFFLOAD_CC_POOL_PINNED_POOL_H_
 
+// A host pool's registrations: page-locked for every device, safe beside a graph capture.
+
 #include <cstdint>
 
 namespace kvoffload {

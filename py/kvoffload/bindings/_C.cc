@@ -11,7 +11,7 @@
 #include "cc/copy/copy_path.h"
 #include "cc/copy/direction.h"
 #include "cc/cuda/cuda_error.h"
-#include "cc/pool/memory_map.h"  // through //cc/copy:copy_kernel
+#include "cc/memory/memory_map.h"  // through //cc/copy:copy_kernel
 #include "py/kvoffload/bindings/bindings.h"
 
 NB_MODULE(_C, m) {

@@ -17,8 +17,12 @@
 #include "cc/copy/direction.h"
 #include "cc/copy/staging_ring.h"
 #include "cc/cuda/stream_device.h"
+#include "cc/keys/job_keys.h"
 #include "cc/pages/page_copy.h"
-#include "cc/pages/page_table.h"
+#include "cc/pages/page_dma.h"
+#include "cc/pages/page_job.h"
+#include "cc/pages/page_layout.h"
+#include "cc/pages/segments.h"
 #include "cc/util/recycled_buffer.h"
 #include "py/kvoffload/bindings/bindings.h"
 

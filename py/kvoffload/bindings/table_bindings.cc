@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "cc/pages/key_tables.h"
-#include "cc/pool/region_check.h"
+#include "cc/keys/key_tables.h"
+#include "cc/memory/region_check.h"
 #include "py/kvoffload/bindings/bindings.h"
 
 namespace kvoffload {

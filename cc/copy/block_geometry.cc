@@ -1,4 +1,4 @@
-#include "cc/pages/block_geometry.h"
+#include "cc/copy/block_geometry.h"
 
 #include <cstdint>
 #include <stdexcept>

@@ -1,4 +1,4 @@
-#include "cc/pool/memory_map.h"
+#include "cc/memory/memory_map.h"
 
 #include <cstdint>
 #include <iterator>

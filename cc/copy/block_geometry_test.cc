@@ -2,7 +2,7 @@
 // contiguous when its elements, in row-major order, lie at offsets 0, 1, 2, ... from its
 // start, and the blocks must follow one another up memory without overlapping.
 
-#include "cc/pages/block_geometry.h"
+#include "cc/copy/block_geometry.h"
 
 #include <cstdint>
 #include <cstdio>

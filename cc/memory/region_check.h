@@ -1,5 +1,5 @@
-#ifndef KVOFFLOAD_CC_POOL_REGION_CHECK_H_
-#define KVOFFLOAD_CC_POOL_REGION_CHECK_H_
+#ifndef KVOFFLOAD_CC_MEMORY_REGION_CHECK_H_
+#define KVOFFLOAD_CC_MEMORY_REGION_CHECK_H_
 
 // Copies checked against registered memory, as kvoffload.copy.registry merges it: sorted,
 // disjoint intervals [starts[j], ends[j]).
@@ -16,4 +16,4 @@ int64_t FirstCopyOutside(const int64_t* starts, const int64_t* ends, int64_t int
 
 }  // namespace kvoffload
 
-#endif  // KVOFFLOAD_CC_POOL_REGION_CHECK_H_
+#endif  // KVOFFLOAD_CC_MEMORY_REGION_CHECK_H_

@@ -1,11 +1,11 @@
-#include "cc/pool/memory_reach.h"
+#include "cc/memory/memory_reach.h"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include "cc/cuda/cuda_error.h"
 #include "cc/cuda/driver_symbol.h"
-#include "cc/pool/memory_map.h"
+#include "cc/memory/memory_map.h"
 
 namespace kvoffload {
 

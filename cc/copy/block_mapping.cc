@@ -1,4 +1,4 @@
-#include "cc/pages/block_mapping.h"
+#include "cc/copy/block_mapping.h"
 
 #include <algorithm>
 #include <cstdint>

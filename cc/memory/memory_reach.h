@@ -1,10 +1,13 @@
-#ifndef KVOFFLOAD_CC_POOL_MEMORY_REACH_H_
-#define KVOFFLOAD_CC_POOL_MEMORY_REACH_H_
+#ifndef KVOFFLOAD_CC_MEMORY_MEMORY_REACH_H_
+#define KVOFFLOAD_CC_MEMORY_MEMORY_REACH_H_
+
+// Whether a kernel on a device may touch every copy's ends, asked of the driver once per
+// allocation; the copy kernel, the staged copy and the page copies check it.
 
 #include <cstdint>
 
-#include "cc/pool/memory_map.h"
-#include "cc/pool/reach_check.h"
+#include "cc/memory/memory_map.h"
+#include "cc/memory/reach_check.h"
 
 namespace kvoffload {
 
@@ -21,4 +24,4 @@ PointerAttributes AskDriver(int64_t address);
 
 }  // namespace kvoffload
 
-#endif  // KVOFFLOAD_CC_POOL_MEMORY_REACH_H_
+#endif  // KVOFFLOAD_CC_MEMORY_MEMORY_REACH_H_

@@ -1,5 +1,5 @@
-#ifndef KVOFFLOAD_CC_PAGES_KEY_TABLES_H_
-#define KVOFFLOAD_CC_PAGES_KEY_TABLES_H_
+#ifndef KVOFFLOAD_CC_KEYS_KEY_TABLES_H_
+#define KVOFFLOAD_CC_KEYS_KEY_TABLES_H_
 
 // Tables of int64 values indexed by keys, as kvoffload.jobs.accesses keeps them (per key,
 // the job that last touched it). Work over kThreadedKeys keys or more is split over up to
@@ -35,4 +35,4 @@ std::vector<int64_t> ValuesSince(const KeyedTable& t, int64_t since, int max_thr
 
 }  // namespace kvoffload
 
-#endif  // KVOFFLOAD_CC_PAGES_KEY_TABLES_H_
+#endif  // KVOFFLOAD_CC_KEYS_KEY_TABLES_H_

@@ -2,7 +2,7 @@
 // above the threading threshold, on 1-4 threads or the default, with keys outside the
 // table at random places.
 
-#include "cc/pages/key_tables.h"
+#include "cc/keys/key_tables.h"
 
 #include <algorithm>
 #include <cstdint>

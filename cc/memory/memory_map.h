@@ -1,5 +1,8 @@
-#ifndef KVOFFLOAD_CC_POOL_MEMORY_MAP_H_
-#define KVOFFLOAD_CC_POOL_MEMORY_MAP_H_
+#ifndef KVOFFLOAD_CC_MEMORY_MEMORY_MAP_H_
+#define KVOFFLOAD_CC_MEMORY_MEMORY_MAP_H_
+
+// What memory an address is to the driver (MemoryKind), remembered per range for one batch
+// (MemoryMap), so the driver is asked once per allocation.
 
 #include <cstdint>
 #include <functional>
@@ -52,4 +55,4 @@ class MemoryMap {
 
 }  // namespace kvoffload
 
-#endif  // KVOFFLOAD_CC_POOL_MEMORY_MAP_H_
+#endif  // KVOFFLOAD_CC_MEMORY_MEMORY_MAP_H_

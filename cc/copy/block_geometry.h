@@ -1,5 +1,8 @@
-#ifndef KVOFFLOAD_CC_PAGES_BLOCK_GEOMETRY_H_
-#define KVOFFLOAD_CC_PAGES_BLOCK_GEOMETRY_H_
+#ifndef KVOFFLOAD_CC_COPY_BLOCK_GEOMETRY_H_
+#define KVOFFLOAD_CC_COPY_BLOCK_GEOMETRY_H_
+
+// A tensor seen as blocks along dim 0 (its DLPack shape and strides, checked), for
+// copy_blocks (block_mapping.h).
 
 #include <cstdint>
 #include <string>
@@ -24,4 +27,4 @@ BlockGeometry BlockGeometryOf(const std::vector<int64_t>& shape,
 
 }  // namespace kvoffload
 
-#endif  // KVOFFLOAD_CC_PAGES_BLOCK_GEOMETRY_H_
+#endif  // KVOFFLOAD_CC_COPY_BLOCK_GEOMETRY_H_

@@ -1,4 +1,4 @@
-#include "cc/pool/reach_check.h"
+#include "cc/memory/reach_check.h"
 
 #include <cstdint>
 #include <cstdio>

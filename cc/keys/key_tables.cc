@@ -1,4 +1,4 @@
-#include "cc/pages/key_tables.h"
+#include "cc/keys/key_tables.h"
 
 #include <algorithm>
 #include <array>

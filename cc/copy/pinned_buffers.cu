@@ -1,4 +1,4 @@
-#include "cc/pool/pinned_buffers.h"
+#include "cc/copy/pinned_buffers.h"
 
 #include <algorithm>
 

@@ -2,7 +2,7 @@
 // every source block with every destination block, on random mappings between two
 // tensors and between views of one buffer: the same addresses, or the same message.
 
-#include "cc/pages/block_mapping.h"
+#include "cc/copy/block_mapping.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "cc/pages/block_geometry.h"
+#include "cc/copy/block_geometry.h"
 #include "cc/util/test_checks.h"
 
 namespace kvoffload {

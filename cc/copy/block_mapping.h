@@ -1,11 +1,14 @@
-#ifndef KVOFFLOAD_CC_PAGES_BLOCK_MAPPING_H_
-#define KVOFFLOAD_CC_PAGES_BLOCK_MAPPING_H_
+#ifndef KVOFFLOAD_CC_COPY_BLOCK_MAPPING_H_
+#define KVOFFLOAD_CC_COPY_BLOCK_MAPPING_H_
+
+// copy_blocks' mapping of source to destination blocks, checked (ids in range, no
+// destination written twice or overlapping its source) and turned into a CopyBatch.
 
 #include <cstdint>
 #include <vector>
 
+#include "cc/copy/block_geometry.h"
 #include "cc/copy/copy_batch.h"
-#include "cc/pages/block_geometry.h"
 
 namespace kvoffload {
 
@@ -37,4 +40,4 @@ BlockCopies MapBlocks(const BlockTensorAt& src, const BlockTensorAt& dst,
 
 }  // namespace kvoffload
 
-#endif  // KVOFFLOAD_CC_PAGES_BLOCK_MAPPING_H_
+#endif  // KVOFFLOAD_CC_COPY_BLOCK_MAPPING_H_

@@ -2,7 +2,7 @@
 // adjacent, as regions of two kinds are) and copies inside, across, between and beyond
 // them, with sizes up to 2^63 - 1.
 
-#include "cc/pool/region_check.h"
+#include "cc/memory/region_check.h"
 
 #include <algorithm>
 #include <cstdint>

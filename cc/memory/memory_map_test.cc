@@ -1,7 +1,7 @@
 // MemoryMap against a fake driver on random layouts: every answer matches what the driver
 // says of the address, and the driver is asked once per allocation or unranged page.
 
-#include "cc/pool/memory_map.h"
+#include "cc/memory/memory_map.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,5 +1,7 @@
-#ifndef KVOFFLOAD_CC_POOL_PINNED_BUFFERS_H_
-#define KVOFFLOAD_CC_POOL_PINNED_BUFFERS_H_
+#ifndef KVOFFLOAD_CC_COPY_PINNED_BUFFERS_H_
+#define KVOFFLOAD_CC_COPY_PINNED_BUFFERS_H_
+
+// Page-locked staging for host arrays a stream reads; its one user is stream_upload.
 
 #include <cuda_runtime_api.h>
 
@@ -37,4 +39,4 @@ class PinnedBuffers {
 
 }  // namespace kvoffload
 
-#endif  // KVOFFLOAD_CC_POOL_PINNED_BUFFERS_H_
+#endif  // KVOFFLOAD_CC_COPY_PINNED_BUFFERS_H_

@@ -1,9 +1,12 @@
-#ifndef KVOFFLOAD_CC_POOL_REACH_CHECK_H_
-#define KVOFFLOAD_CC_POOL_REACH_CHECK_H_
+#ifndef KVOFFLOAD_CC_MEMORY_REACH_CHECK_H_
+#define KVOFFLOAD_CC_MEMORY_REACH_CHECK_H_
+
+// The reach rules (Reach) checked against a MemoryMap, with no driver: memory_reach's
+// pure part, tested on CPU.
 
 #include <cstdint>
 
-#include "cc/pool/memory_map.h"
+#include "cc/memory/memory_map.h"
 
 namespace kvoffload {
 
@@ -23,4 +26,4 @@ void RequireReachableIn(MemoryMap& map, const int64_t* addresses, const int64_t*
 
 }  // namespace kvoffload
 
-#endif  // KVOFFLOAD_CC_POOL_REACH_CHECK_H_
+#endif  // KVOFFLOAD_CC_MEMORY_REACH_CHECK_H_

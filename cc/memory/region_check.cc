@@ -1,4 +1,4 @@
-#include "cc/pool/region_check.h"
+#include "cc/memory/region_check.h"
 
 #include <algorithm>
 

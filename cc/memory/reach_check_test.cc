@@ -2,7 +2,7 @@
 // first and last byte, on random batches over random allocations: the same verdict, the
 // same message (side, index, address, reason), and one query per allocation.
 
-#include "cc/pool/reach_check.h"
+#include "cc/memory/reach_check.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "cc/pool/memory_map.h"
+#include "cc/memory/memory_map.h"
 #include "cc/util/test_checks.h"
 
 namespace kvoffload {
