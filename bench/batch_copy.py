@@ -12,12 +12,8 @@ compute loop on kvoffload.meter, with bulk copies beside it as the reference of 
 run. Without a GPU it measures the host path instead, and says so.
 """
 
-import datetime
 import functools
-import json
-import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -33,6 +29,8 @@ from kvoffload.meter import compute_loop, meter
 from kvoffload.meter.sources import CALL_SECONDS, BulkCopies, RawCopies, in_calls
 from kvoffload.pages import paths as page_methods
 from kvoffload.pages.table import PageTable
+
+import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("block_kib", ["4", "16", "64", "256", "1024", "2048"], "Block sizes in KiB.")
@@ -94,17 +92,12 @@ def gpu_methods(direction):
     return methods
 
 
-def scattered_offsets(rng, count, block, pool_bytes):
-    """Distinct random block slots in a pool, as byte offsets."""
-    return rng.permutation(pool_bytes // block)[:count].astype(np.int64) * block
-
-
 def host_offsets(rng, count, block, pool_bytes):
     if FLAGS.pattern == "scattered":
-        return scattered_offsets(rng, count, block, pool_bytes)
+        return common.scattered_offsets(rng, count, block, pool_bytes)
     run = max(FLAGS.run_kib << 10, block)
     per_run = run // block
-    runs = scattered_offsets(rng, -(-count // per_run), run, pool_bytes)
+    runs = common.scattered_offsets(rng, -(-count // per_run), run, pool_bytes)
     i = np.arange(count, dtype=np.int64)
     return runs[i // per_run] + (i % per_run) * block
 
@@ -138,8 +131,8 @@ class PageJobs:
 
     def job(self, rng, count):
         """count random distinct blocks, to random distinct chunks."""
-        blocks = scattered_offsets(rng, count, self.block, self.pool) // self.block
-        chunks = scattered_offsets(rng, -(-count // self.bpc), self.bpc * self.block, self.pool)
+        blocks = common.scattered_offsets(rng, count, self.block, self.pool) // self.block
+        chunks = common.scattered_offsets(rng, -(-count // self.bpc), self.bpc * self.block, self.pool)
         return blocks, chunks // (self.bpc * self.block), [count], [0]
 
     def copy(self, job, direction, stream, method):
@@ -204,7 +197,7 @@ def measure_gpu(rng, rows, machine):
             stream = streams[direction]
             methods = gpu_methods(direction)
             h = host_offsets(rng, count, block, pool) + pools["host"].data_ptr()
-            g = scattered_offsets(rng, count, block, pool) + pools["device"].data_ptr()
+            g = common.scattered_offsets(rng, count, block, pool) + pools["device"].data_ptr()
             s, d = (h, g) if direction == "load" else (g, h)
             sizes = np.full(count, block, dtype=np.int64)
             jobs[direction] = pages.job(rng, count)
@@ -245,14 +238,6 @@ def measure_gpu(rng, rows, machine):
                              dry_steps=r.dry_steps))
 
 
-def gpu_machine():
-    import torch
-
-    return dict(device=torch.cuda.get_device_name(), driver=driver_version(), torch=torch.__version__,
-                cuda_runtime=torch.version.cuda, batch_entry_point=kv.batch_entry_point_version(),
-                cuda_device_max_connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"))
-
-
 def both_at_once(torch, streams, copies):
     """Seconds from the first to the last byte of copies enqueued on the two streams at once."""
     start = torch.cuda.Event(enable_timing=True)
@@ -288,24 +273,15 @@ def measure_host(rng, rows, machine):
     for kib in FLAGS.block_kib:
         block = int(kib) << 10
         count = moved // block
-        s = scattered_offsets(rng, count, block, pool) + base_s
-        d = scattered_offsets(rng, count, block, pool) + base_d
+        s = common.scattered_offsets(rng, count, block, pool) + base_s
+        d = common.scattered_offsets(rng, count, block, pool) + base_d
         rows.append(dict(method="host_copy", direction="h2h", block_bytes=block,
                          seconds=timed(s, d, np.full(count, block, dtype=np.int64))))
 
 
 def host_machine():
     pool = min(int(FLAGS.pool_gib * (1 << 30)), 512 << 20)
-    return dict(device="none (host path)", moved_bytes=min(FLAGS.moved_mib << 20, pool // 2), pool_bytes=pool)
-
-
-def driver_version():
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, check=True)
-        return out.stdout.split("\n")[0].strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    return common.machine(moved_bytes=min(FLAGS.moved_mib << 20, pool // 2), pool_bytes=pool)
 
 
 def has_gpu():
@@ -402,7 +378,7 @@ def main(argv):
     gpu = has_gpu()
     if not gpu:
         print("no GPU: measuring the host path (memcpy), not the PCIe link")
-    machine = gpu_machine() if gpu else host_machine()
+    machine = common.machine() if gpu else host_machine()
     rows = []
     # A run cut short (SIGTERM, Ctrl-C) still reports and writes what it measured.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -415,20 +391,12 @@ def main(argv):
     add_rates(rows)
     print_table(rows)
     if FLAGS.out:
-        out = FLAGS.out
-        if not os.path.isabs(out) and "BUILD_WORKSPACE_DIRECTORY" in os.environ:
-            out = os.path.join(os.environ["BUILD_WORKSPACE_DIRECTORY"], out)
-        config = dict(pool_gib=FLAGS.pool_gib, moved_mib=FLAGS.moved_mib, repeats=FLAGS.repeats,
-                      pattern=FLAGS.pattern, run_kib=FLAGS.run_kib, kernel_ctas=FLAGS.kernel_ctas,
-                      staged_ctas=FLAGS.staged_ctas, slot_mib=FLAGS.slot_mib, slots=FLAGS.slots,
-                      page_ctas=FLAGS.page_ctas, page_slot_mib=FLAGS.page_slot_mib,
-                      page_slots=FLAGS.page_slots,
-                      interference=FLAGS.interference, ctas=FLAGS.ctas)
-        with open(out + ".partial", "w") as f:  # a second signal leaves the last file whole
-            json.dump(dict(date=datetime.date.today().isoformat(), machine=machine, config=config,
-                           complete=complete, rows=rows), f, indent=1)
-        os.replace(out + ".partial", out)
-        print(f"wrote {out}")
+        common.write_result(FLAGS.out, rows, machine, complete=complete, pool_gib=FLAGS.pool_gib,
+                            moved_mib=FLAGS.moved_mib, repeats=FLAGS.repeats, pattern=FLAGS.pattern,
+                            run_kib=FLAGS.run_kib, kernel_ctas=FLAGS.kernel_ctas, staged_ctas=FLAGS.staged_ctas,
+                            slot_mib=FLAGS.slot_mib, slots=FLAGS.slots, page_ctas=FLAGS.page_ctas,
+                            page_slot_mib=FLAGS.page_slot_mib, page_slots=FLAGS.page_slots,
+                            interference=FLAGS.interference, ctas=FLAGS.ctas)
     if not complete:
         sys.exit(143)
     if FLAGS.plot:

@@ -13,11 +13,12 @@ docs/studies.md#dma-address-spread reads them. Without a GPU there is nothing to
 measure, and it says so.
 """
 
-import json
 import os
 
 import numpy as np
 from absl import app, flags
+
+import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("probe", "spread", ["spread", "order"], "Which set of sources to measure.")
@@ -116,8 +117,8 @@ def order_sources(torch, rng):
     def source(direction, order, sort=None, host="torch"):
         g, h = [], []
         for _ in range(8):  # jobs taken in turn
-            blocks = rng.permutation(BLOCKS)[:BLOCKS_A_JOB].astype(np.int64)
-            chunks = rng.permutation(BLOCKS)[:BLOCKS_A_JOB].astype(np.int64)
+            blocks = common.random_ids(rng, BLOCKS_A_JOB, BLOCKS)
+            chunks = common.random_ids(rng, BLOCKS_A_JOB, BLOCKS)
             if sort is not None:
                 o = np.argsort(blocks if sort == "block" else chunks)
                 blocks, chunks = blocks[o], chunks[o]
@@ -169,9 +170,7 @@ def main(argv):
                          step_slowdown=r.step_slowdown, idle_drift=r.idle_drift, noisy=r.noisy,
                          connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "8"), process=os.getpid()))
     if FLAGS.out:
-        path = os.path.join(os.environ.get("BUILD_WORKSPACE_DIRECTORY", "."), FLAGS.out)
-        with open(path, "w") as f:
-            json.dump(dict(meta=dict(device=torch.cuda.get_device_name(), probe=FLAGS.probe), rows=rows), f, indent=1)
+        common.write_result(FLAGS.out, rows, common.machine(), probe=FLAGS.probe)
         print(f"wrote {path}")
 
 

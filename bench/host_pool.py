@@ -11,7 +11,6 @@ mapping and touching are measured (torch: torch.zeros), and nothing is written u
 --out is given.
 """
 
-import datetime
 import json
 import mmap
 import multiprocessing
@@ -26,6 +25,8 @@ try:
 except ImportError:  # run as bench/host_pool.py from a GPU bundle (tools/stage_gpu_bundle.sh)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from kvoffload.pool.host_pool import PoolOptions  # noqa: E402 - after the path above
+
+import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("gib", ["20", "40"], "Pool sizes, GiB.")
@@ -178,18 +179,10 @@ def main(argv):
         slug = "h200" if "H200" in name else name.lower().replace(" ", "_")
         out = f"bench/results/host_pool_{slug}.json"
     if out:
-        if not os.path.isabs(out) and "BUILD_WORKSPACE_DIRECTORY" in os.environ:
-            out = os.path.join(os.environ["BUILD_WORKSPACE_DIRECTORY"], out)
-        machine = dict(device=name or "none (host only)", cpus=os.cpu_count(),
-                       mem_total_bytes=used_bytes() + _available())
         config = dict(gib=[float(g) for g in FLAGS.gib], copy_gib=FLAGS.copy_gib, ways=FLAGS.ways,
                       register_threads=[int(t) for t in FLAGS.register_threads],
                       huge_pages=FLAGS.huge_pages, registration_gib=FLAGS.registration_gib)
-        with open(out, "w") as f:
-            json.dump(dict(date=datetime.date.today().isoformat(), machine=machine, config=config,
-                           rows=rows), f, indent=1)
-        print(f"wrote {out}")
-
+        common.write_result(out, rows, common.machine(mem_total_bytes=used_bytes() + _available()), **config)
 
 def _available():
     with open("/proc/meminfo") as f:

@@ -7,13 +7,13 @@ persisting set-aside as the ring's store leaves it, and with none, alternating.
 
 import ctypes
 import ctypes.util
-import datetime
 import glob
-import json
 import os
 
 import numpy as np
 from absl import app, flags
+
+import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rounds", 6, "Windows of each kind, alternating.")
@@ -79,15 +79,9 @@ def main(argv):
           f"(rounds {min(pairs):+.3%} to {max(pairs):+.3%})")
     handler.shutdown()
     if FLAGS.out:
-        path = os.path.join(os.environ.get("BUILD_WORKSPACE_DIRECTORY", "."), FLAGS.out)
-        meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
-                    device=torch.cuda.get_device_name(), workload="decode", slot_bytes=FLAGS.slot_mib << 20,
-                    slots=2, set_aside_bytes=held.value, steps=FLAGS.steps,
-                    slowdown=mean["set_aside"] / mean["none"] - 1, by_round=pairs)
-        with open(path, "w") as f:
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
-        print(f"wrote {path}")
-
+        common.write_result(FLAGS.out, rows, common.machine(), workload="decode", slot_bytes=FLAGS.slot_mib << 20,
+                            slots=2, set_aside_bytes=held.value, steps=FLAGS.steps,
+                            slowdown=mean["set_aside"] / mean["none"] - 1, by_round=pairs)
 
 if __name__ == "__main__":
     app.run(main)

@@ -17,11 +17,8 @@ once, against bulk copies on both GPUs at once.
 """
 
 import dataclasses
-import datetime
 import functools
 import itertools
-import json
-import os
 import time
 
 import numpy as np
@@ -34,6 +31,8 @@ from kvoffload.meter import compute_loop, meter
 from kvoffload.meter.sources import BulkCopies, HandlerAsWorker, WorkerCopies
 from kvoffload.pages import paths as page_methods
 from kvoffload.pages.planner import CPUSpec, GPUSpec, chunks_used
+
+import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("job_blocks", ["32", "128", "512"], "Blocks per job (16 tokens each).")
@@ -70,8 +69,8 @@ def job_specs(rng, groups, n, blocks, chunks, bpc, half=None):
     if half is not None:
         blocks, chunks = blocks // 2, chunks // 2
     block_base, chunk_base = (blocks * half, chunks * half) if half else (0, 0)
-    ids = np.concatenate([block_base + rng.permutation(blocks)[:n] for _ in range(groups)])
-    chunk_ids = np.concatenate([chunk_base + rng.permutation(chunks)[:used] for _ in range(groups)])
+    ids = np.concatenate([common.random_ids(rng, n, blocks, block_base) for _ in range(groups)])
+    chunk_ids = np.concatenate([common.random_ids(rng, used, chunks, chunk_base) for _ in range(groups)])
     return GPUSpec(ids, [n] * groups, [first] * groups), CPUSpec(chunk_ids)
 
 
@@ -178,7 +177,7 @@ def submit_cost_row(torch, rng, bpc, method):
     handler = make_handler(cache, blocks // bpc, bpc, method)
 
     def timed_submit(job_id, load):
-        gpu, cpu = GPUSpec(rng.permutation(blocks), [blocks], [0]), CPUSpec(rng.permutation(blocks // bpc))
+        gpu, cpu = GPUSpec(common.random_ids(rng, blocks, blocks), [blocks], [0]), CPUSpec(common.random_ids(rng, blocks // bpc, blocks // bpc))
         start = time.perf_counter()
         if load:
             handler.load(job_id, cpu, gpu)
@@ -307,23 +306,13 @@ def main(argv):
     if gpu and len(FLAGS.devices) > 1:
         rows += multi_device_rows(torch, [int(d) for d in FLAGS.devices], rng, bpc, blocks, moved)
     if FLAGS.out:
-        out = FLAGS.out
-        if not os.path.isabs(out) and "BUILD_WORKSPACE_DIRECTORY" in os.environ:
-            out = os.path.join(os.environ["BUILD_WORKSPACE_DIRECTORY"], out)
-        machine = dict(device=torch.cuda.get_device_name() if gpu else "none (host path)")
+        machine = common.machine()
         if bulk:
             machine["bulk_gb_per_s"] = {d: (1 << 30) / s / 1e9 for d, s in bulk.items()}
-        with open(out, "w") as f:
-            json.dump(dict(date=datetime.date.today().isoformat(), machine=machine,
-                           config=dict(gpu_blocks=blocks, blocks_per_chunk=bpc, cpu_layout=CPU_LAYOUT,
-                                       calibration=(dataclasses.asdict(calibration.calibration())
-                                                    if gpu and "auto" in FLAGS.methods else None),
-                                       moved_mib=moved >> 20,
-                                       cuda_device_max_connections=os.environ.get(
-                                           "CUDA_DEVICE_MAX_CONNECTIONS")),
-                           rows=rows), f, indent=1)
-        print(f"wrote {out}")
-
+        common.write_result(FLAGS.out, rows, machine, gpu_blocks=blocks, blocks_per_chunk=bpc, cpu_layout=CPU_LAYOUT,
+                            calibration=(dataclasses.asdict(calibration.calibration())
+                                         if gpu and "auto" in FLAGS.methods else None),
+                            moved_mib=moved >> 20)
 
 if __name__ == "__main__":
     app.run(main)

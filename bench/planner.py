@@ -17,6 +17,8 @@ from kvoffload.copy.registry import MemoryRegistry
 from kvoffload.pages.planner import CPUSpec, GPUSpec, GroupLayout, KVLayout, TensorLayout, chunks_used
 from kvoffload.pages.table import job_arguments, page_table, transfer_plan
 
+import common
+
 try:
     from planner_reference import plan_per_block
 except ImportError:  # run as bench/planner.py, not through Bazel: the oracle is in tests/
@@ -56,8 +58,8 @@ def main(argv):
     bpc, n = FLAGS.blocks_per_chunk, FLAGS.blocks
     chunks = chunks_used(n, FLAGS.first_index, bpc)
     layout = layout_from_integers(2 * FLAGS.layers, 2 * n, 2 * chunks, FLAGS.page_bytes, bpc)
-    gpu = GPUSpec(rng.permutation(2 * n)[:n], [n], [FLAGS.first_index])
-    cpu = CPUSpec(rng.permutation(2 * chunks)[:chunks])
+    gpu = GPUSpec(common.random_ids(rng, n, 2 * n), [n], [FLAGS.first_index])
+    cpu = CPUSpec(common.random_ids(rng, chunks, 2 * chunks))
 
     table = page_table(layout)
     ids = job_arguments(gpu, cpu)

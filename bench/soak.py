@@ -10,9 +10,6 @@ flight drain and every GPU page and pool page is hashed on the GPU and compared.
 jobs, bytes, GB/s, failures, and host RSS and GPU memory over time: both must stay flat.
 """
 
-import datetime
-import json
-import os
 import resource
 import sys
 import time
@@ -22,6 +19,8 @@ from absl import app, flags
 
 from kvoffload.jobs.handler import OffloadHandler
 from kvoffload.pages.planner import CPUSpec, GPUSpec
+
+import common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("seconds", 180, "How long to run.")
@@ -85,7 +84,7 @@ def main(argv):
     start = last_check = time.perf_counter()
     while time.perf_counter() - start < FLAGS.seconds:
         n = int(rng.integers(8, 257))
-        ids, chunk_ids = rng.permutation(blocks)[:n], rng.permutation(chunks)[:n]
+        ids, chunk_ids = common.random_ids(rng, n, blocks), common.random_ids(rng, n, chunks)
         gpu, cpu = GPUSpec(ids, [n], [0]), CPUSpec(chunk_ids)
         if rng.random() < 0.5:
             handler.store(submitted, gpu, cpu)
@@ -130,14 +129,7 @@ def main(argv):
           f"{wall:.0f} s ({figures['gb_per_s']:.1f} GB/s, checksums compared {checks} times)")
     assert submitted == finished and failed == 0
     if FLAGS.out:
-        out = FLAGS.out
-        if not os.path.isabs(out) and "BUILD_WORKSPACE_DIRECTORY" in os.environ:
-            out = os.path.join(os.environ["BUILD_WORKSPACE_DIRECTORY"], out)
-        with open(out, "w") as f:
-            json.dump(dict(date=datetime.date.today().isoformat(), device=torch.cuda.get_device_name(),
-                           method=FLAGS.method, figures=figures), f, indent=1)
-        print(f"wrote {out}")
-
+        common.write_result(FLAGS.out, [figures], common.machine(), method=FLAGS.method)
 
 if __name__ == "__main__":
     app.run(main)

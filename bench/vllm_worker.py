@@ -16,15 +16,14 @@ what moved the bytes. Without a GPU it runs kvoffload's host path on a small cac
 says so.
 """
 
-import datetime
 import itertools
-import json
 import os
 import re
 
 import numpy as np
 from absl import app, flags
 
+import common
 import vllm_caches
 import vllm_peer
 from kvoffload.meter import compute_loop, meter
@@ -64,7 +63,7 @@ def jobs(rng, groups, n, blocks, half=None, count=8):
     blocks; ids unique across groups, as vLLM's block pool gives them); half 0 or 1 keeps
     to that half of both."""
     lo, span = (0, blocks) if half is None else (half * blocks // 2, blocks // 2)
-    return [(lo + rng.permutation(span)[:groups * n], lo + rng.permutation(span)[:groups * n])
+    return [(common.random_ids(rng, groups * n, span, lo), common.random_ids(rng, groups * n, span, lo))
             for _ in range(count)]
 
 
@@ -276,32 +275,25 @@ def main(argv):
         del cache, workers, sources
         if gpu:
             torch.cuda.empty_cache()
-        write(torch, rows, loop, clean_step)
+        write(rows, loop, clean_step)
 
 
-def write(torch, rows, loop, clean_step):
+def write(rows, loop, clean_step):
     """The rows so far, as JSON at --out (after every layout: a run cut short keeps them)."""
     if not FLAGS.out:
         return
-    path = os.path.join(os.environ.get("BUILD_WORKSPACE_DIRECTORY", "."), FLAGS.out)
-    meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"),
-                device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                workload=FLAGS.workload, step_seconds=loop.step_seconds if loop else None,
-                clean_step_seconds=clean_step, steps=FLAGS.steps,
-                rounds=FLAGS.rounds, noise=meter.NOISE, warm_seconds=meter.WARM_SECONDS,
-                dma_from_page_bytes={d.value: b for d, b in page_methods.DMA_FROM_PAGE_BYTES.items()},
-                pytorch_cuda_alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-                note="caches from vLLM's own allocate_kv_cache and register_kv_caches (bench/vllm_caches.py); "
-                     "kvoffload.meter: each source kept in flight (two jobs per direction, fed from "
-                     "a thread of their own) through windows of at least 100 steps of the loop of "
-                     "kvoffload.meter.compute_loop named in workload, each between idle windows; "
-                     "step_slowdown against them, idle_drift their difference, idle_vs_clean their mean "
-                     "against the loop's before any worker was made. vllm_worker is vLLM "
-                     "0.33's CPUOffloadingWorker with bench/vllm_peer.py's stand-in op.")
-    with open(path, "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    print(f"wrote {path}")
-
+    common.write_result(
+        FLAGS.out, rows, common.machine(), workload=FLAGS.workload,
+        step_seconds=loop.step_seconds if loop else None, clean_step_seconds=clean_step, steps=FLAGS.steps,
+        rounds=FLAGS.rounds, noise=meter.NOISE, warm_seconds=meter.WARM_SECONDS,
+        dma_from_page_bytes={d.value: b for d, b in page_methods.DMA_FROM_PAGE_BYTES.items()},
+        note="caches from vLLM's own allocate_kv_cache and register_kv_caches (bench/vllm_caches.py); "
+             "kvoffload.meter: each source kept in flight (two jobs per direction, fed from "
+             "a thread of their own) through windows of at least 100 steps of the loop of "
+             "kvoffload.meter.compute_loop named in workload, each between idle windows; "
+             "step_slowdown against them, idle_drift their difference, idle_vs_clean their mean "
+             "against the loop's before any worker was made. vllm_worker is vLLM "
+             "0.33's CPUOffloadingWorker with bench/vllm_peer.py's stand-in op.")
 
 if __name__ == "__main__":
     app.run(main)
