@@ -171,7 +171,6 @@ def main(argv):
                          connections=os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "8"), process=os.getpid()))
     if FLAGS.out:
         common.write_result(FLAGS.out, rows, common.machine(), probe=FLAGS.probe)
-        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

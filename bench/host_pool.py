@@ -11,7 +11,6 @@ mapping and touching are measured (torch: torch.zeros), and nothing is written u
 --out is given.
 """
 
-import json
 import mmap
 import multiprocessing
 import os

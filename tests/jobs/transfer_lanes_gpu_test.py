@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from kvoffload.jobs.lanes import CudaLanes
+
+import lane_jobs
 from scale import scaled
 from scatter import POISON
 
@@ -48,9 +50,9 @@ def test_a_job_starts_after_the_compute_streams_work_queued_before_submit(lanes)
         value = trial % 250 + 1
         torch.cuda._sleep(SLEEP_CYCLES)  # on the current (compute) stream
         src.fill_(value)
-        handle = lanes.submit("store", copy_of(src, dst), [])
+        handle = lane_jobs.submit(lanes, "store", copy_of(src, dst), [])
         lanes.wait(handle)
-        assert lanes.finish(handle)[1] is None
+        assert lane_jobs.finish(lanes, handle)[1] is None
         assert (dst == value).all(), f"trial {trial}: the job copied before the compute stream wrote"
 
 
@@ -60,14 +62,14 @@ def test_a_lanes_jobs_finish_in_submission_order(lanes):
     sources = [filled(i + 1) for i in range(scaled(16))]
     torch.cuda.synchronize()
     # Longer sleeps first: run side by side, later jobs would finish first.
-    handles = [lanes.submit("load", copy_of(src, dst, int(rng.integers(1, 4)) * SLEEP_CYCLES // (i + 1)), [])
+    handles = [lane_jobs.submit(lanes, "load", copy_of(src, dst, int(rng.integers(1, 4)) * SLEEP_CYCLES // (i + 1)), [])
                for i, src in enumerate(sources)]
     while not lanes.done(handles[-1]):
         # Asked last job first: any job done by then finished before the earlier ones are asked.
         done = [lanes.done(h) for h in reversed(handles)][::-1]
         assert done == sorted(done, reverse=True), f"done out of order: {done}"
     assert all(lanes.done(h) for h in handles)
-    assert [lanes.finish(h)[1] for h in handles] == [None] * len(handles)
+    assert [lane_jobs.finish(lanes, h)[1] for h in handles] == [None] * len(handles)
     assert (dst == len(sources)).all()  # the last job's copy landed last
 
 
@@ -78,16 +80,16 @@ def test_a_job_whose_copy_raises_is_reported_and_later_jobs_run(lanes):
     def broken(stream):
         raise RuntimeError("block 3 is gone")
 
-    failing = lanes.submit("store", broken, [])
-    reader = lanes.submit("load", copy_of(src, untouched), [failing], failing_with=[failing])
-    later = lanes.submit("store", copy_of(src, dst), [])
+    failing = lane_jobs.submit(lanes, "store", broken, [])
+    reader = lane_jobs.submit(lanes, "load", copy_of(src, untouched), [failing], failing_with=[failing])
+    later = lane_jobs.submit(lanes, "store", copy_of(src, dst), [])
     lanes.wait(later)
     lanes.wait(reader)
     assert lanes.done(failing)
-    assert lanes.finish(failing)[1] == "RuntimeError: block 3 is gone"
-    assert lanes.finish(reader)[1] == ("reads bytes a failed job left partial "
+    assert lane_jobs.finish(lanes, failing)[1] == "RuntimeError: block 3 is gone"
+    assert lane_jobs.finish(lanes, reader)[1] == ("reads bytes a failed job left partial "
                                        "(RuntimeError: block 3 is gone); nothing copied")
-    assert lanes.finish(later)[1] is None
+    assert lane_jobs.finish(lanes, later)[1] is None
     assert (dst == 7).all() and (untouched == POISON).all()
 
 
@@ -95,7 +97,7 @@ def test_fence_makes_a_stream_wait_for_the_submitted_jobs(lanes):
     src = filled(9)
     dsts = {lane: filled(POISON) for lane in ("store", "load")}
     torch.cuda.synchronize()
-    handles = [lanes.submit(lane, copy_of(src, dst, SLEEP_CYCLES), []) for lane, dst in dsts.items()]
+    handles = [lane_jobs.submit(lanes, lane, copy_of(src, dst, SLEEP_CYCLES), []) for lane, dst in dsts.items()]
     stream = torch.cuda.Stream()
     lanes.fence(stream)
     with torch.cuda.stream(stream):
@@ -105,4 +107,4 @@ def test_fence_makes_a_stream_wait_for_the_submitted_jobs(lanes):
         assert (seen[lane] == 9).all(), f"the fenced stream read {lane}'s destination before its job"
     for handle in handles:
         lanes.wait(handle)
-        assert lanes.finish(handle)[1] is None
+        assert lane_jobs.finish(lanes, handle)[1] is None

@@ -6,6 +6,8 @@ threads. Orders and timings are random, from seeded generators."""
 
 import gc
 import inspect
+import pathlib
+import re
 import threading
 import types
 import time
@@ -14,8 +16,11 @@ import weakref
 import numpy as np
 import pytest
 
+from kvoffload.jobs import handler
 from kvoffload.jobs import lanes as transfer_lanes
 from kvoffload.jobs.lanes import CudaLanes, HostLanes, Lanes
+
+import lane_jobs
 
 LANES = ["store", "load", "expedited"]
 TIMEOUT = 10.0  # seconds; every wait here ends within milliseconds unless lanes hang
@@ -99,11 +104,11 @@ def test_a_lanes_jobs_run_one_at_a_time_in_submission_order(lanes, seed):
     log, handles, lane_of = Log(), [], []
     for i in range(60):
         lane_of.append(random_lane(rng))
-        handles.append(lanes.submit(lane_of[i], log.job(i, rng.uniform(0, 0.002)), []))
+        handles.append(lane_jobs.submit(lanes, lane_of[i], log.job(i, rng.uniform(0, 0.002)), []))
         if rng.random() < 0.2:
             time.sleep(rng.uniform(0, 0.002))
     settle(lanes, handles)
-    assert [lanes.finish(h)[1] for h in handles] == [None] * len(handles)
+    assert [lane_jobs.finish(lanes, h)[1] for h in handles] == [None] * len(handles)
     for lane in LANES:
         ours = [i for i in range(len(lane_of)) if lane_of[i] == lane]
         # Each job starts after the one before it ended, in submission order.
@@ -119,11 +124,11 @@ def test_a_job_starts_after_the_jobs_it_waits_for(lanes, seed):
         lane = random_lane(rng)
         others = [j for j in range(i) if lane_of[j] != lane]
         waits = sorted(rng.choice(others, size=min(len(others), int(rng.integers(0, 4))), replace=False).tolist())
-        handles.append(lanes.submit(lane, log.job(i, rng.uniform(0, 0.003), waits_for=waits),
+        handles.append(lane_jobs.submit(lanes, lane, log.job(i, rng.uniform(0, 0.003), waits_for=waits),
                                     [handles[j] for j in waits]))
         lane_of.append(lane)
     settle(lanes, handles)
-    assert [lanes.finish(h)[1] for h in handles] == [None] * len(handles)
+    assert [lane_jobs.finish(lanes, h)[1] for h in handles] == [None] * len(handles)
     assert log.ended == set(range(len(handles)))
 
 
@@ -139,10 +144,10 @@ def test_a_job_reading_from_a_failed_job_fails_without_copying(lanes, seed):
         failed = [want[j] for j in reads if want[j] is not None]
         want.append(f"reads bytes a failed job left partial ({failed[0]}); nothing copied" if failed
                     else f"RuntimeError: job {i} broke" if fail else None)
-        handles.append(lanes.submit(lane, log.job(i, rng.uniform(0, 0.001), fail=fail),
+        handles.append(lane_jobs.submit(lanes, lane, log.job(i, rng.uniform(0, 0.001), fail=fail),
                                     [handles[j] for j in waits], failing_with=[handles[j] for j in reads]))
     settle(lanes, handles)
-    assert [lanes.finish(h)[1] for h in handles] == want
+    assert [lane_jobs.finish(lanes, h)[1] for h in handles] == want
     # Jobs that read from a failed one never started copying.
     started = {i for kind, i in log.events if kind == "start"}
     assert started == {i for i, error in enumerate(want) if error is None or error.startswith("RuntimeError")}
@@ -155,20 +160,20 @@ def test_a_jobs_exception_is_reported_by_finish_and_later_jobs_still_run(lanes):
     def broken():
         raise ValueError("no such block")
 
-    first = lanes.submit("load", log.job(0, 0.001), [])
-    failing = lanes.submit("load", broken, [first])  # returns: the error is the job's
-    later = [lanes.submit("load", log.job(i, 0.001), []) for i in (2, 3)]
+    first = lane_jobs.submit(lanes, "load", log.job(0, 0.001), [])
+    failing = lane_jobs.submit(lanes, "load", broken, [first])  # returns: the error is the job's
+    later = [lane_jobs.submit(lanes, "load", log.job(i, 0.001), []) for i in (2, 3)]
     settle(lanes, [first, failing, *later])
     assert lanes.wait(failing) == "ValueError: no such block"
-    assert lanes.finish(failing)[1] == "ValueError: no such block"
-    assert [lanes.finish(h)[1] for h in (first, *later)] == [None] * 3
+    assert lane_jobs.finish(lanes, failing)[1] == "ValueError: no such block"
+    assert [lane_jobs.finish(lanes, h)[1] for h in (first, *later)] == [None] * 3
     assert log.ended == {0, 2, 3}
 
 
 def test_finish_reports_the_time_the_copy_took(lanes):
-    handle = lanes.submit("store", lambda: time.sleep(0.05), [])
+    handle = lane_jobs.submit(lanes, "store", lambda: time.sleep(0.05), [])
     within(lambda: lanes.wait(handle))
-    seconds, error = lanes.finish(handle)
+    seconds, error = lane_jobs.finish(lanes, handle)
     assert error is None and 0.05 <= seconds < 5
 
 
@@ -176,7 +181,7 @@ def test_finish_reports_the_time_the_copy_took(lanes):
 def test_done_and_wait_answer_from_other_threads(lanes, seed):
     rng = np.random.default_rng(seed)
     gate = threading.Event()
-    blocked = lanes.submit(random_lane(rng), lambda: gate.wait(TIMEOUT), [])
+    blocked = lane_jobs.submit(lanes, random_lane(rng), lambda: gate.wait(TIMEOUT), [])
     returned = []
     waiters = [threading.Thread(target=lambda: returned.append(lanes.wait(blocked)), daemon=True)
                for _ in range(int(rng.integers(1, 4)))]
@@ -190,7 +195,7 @@ def test_done_and_wait_answer_from_other_threads(lanes, seed):
         waiter.join(TIMEOUT)
     assert returned == [None] * len(waiters)
     assert within(lambda: lanes.done(blocked)) is True
-    assert lanes.finish(blocked)[1] is None
+    assert lane_jobs.finish(lanes, blocked)[1] is None
 
 
 def test_close_ends_the_lanes_threads():
@@ -199,7 +204,7 @@ def test_close_ends_the_lanes_threads():
     lanes = HostLanes(LANES)
     threads = set(threading.enumerate()) - before
     assert len(threads) == len(LANES)
-    handles = [lanes.submit(random_lane(rng), lambda: time.sleep(0.001), []) for _ in range(20)]
+    handles = [lane_jobs.submit(lanes, random_lane(rng), lambda: time.sleep(0.001), []) for _ in range(20)]
     settle(lanes, handles)
     within(lanes.close)
     assert not any(thread.is_alive() for thread in threads)
@@ -261,7 +266,7 @@ def test_cuda_lanes_enqueue_in_relaxed_capture_mode_or_else_in_their_own(monkeyp
     monkeypatch.setattr(transfer_lanes, "_relaxed", scope)
     lanes = CudaLanes(_FAKE_TORCH, 0, ["store", "load"])
     seen = []
-    jobs = [lanes.submit(lane, lambda stream: seen.append(getattr(relaxed, "on", False)), [])
+    jobs = [lane_jobs.submit(lanes, lane, lambda stream: seen.append(getattr(relaxed, "on", False)), [])
             for lane in ("store", "load", "store")]
     for job in jobs:
         within(lambda job=job: lanes.wait(job))
@@ -278,10 +283,10 @@ def test_cuda_lanes_run_a_job_started_twice_once_and_go_on():
     lanes.start(first)  # queued twice before it ran
     lanes.wait(first)
     lanes.start(first)  # and again after it ran
-    later = lanes.submit("load", lambda stream: ran.append("later"), [first])
+    later = lane_jobs.submit(lanes, "load", lambda stream: ran.append("later"), [first])
     assert later.queued.acquire(timeout=10), "the enqueue thread stopped"
     later.queued.release()
-    assert ran == ["first", "later"] and lanes.finish(later) == (0.5e-3, None)
+    assert ran == ["first", "later"] and lane_jobs.finish(lanes, later) == (0.5e-3, None)
     lanes.close()
     lanes.close()  # idempotent
 
@@ -294,7 +299,7 @@ def test_only_pipelined_jobs_in_a_row_go_on_the_lanes_other_stream():
     handles = []
     for lane in ("store", "load"):
         for pipelined in kinds:
-            handles.append(lanes.submit(lane, lambda stream, lane=lane: seen[lane].append(stream), [],
+            handles.append(lane_jobs.submit(lanes, lane, lambda stream, lane=lane: seen[lane].append(stream), [],
                                         pipelined=pipelined))
     for handle in handles:
         lanes.wait(handle)
@@ -375,12 +380,12 @@ def test_a_pipelined_job_ends_after_the_one_before_it_even_if_it_copies_nothing(
         raise RuntimeError("cudaMalloc (staging ring): out of memory")
 
     lanes = CudaLanes(torch, 0, ["store", "load"])
-    failed_store = lanes.submit("store", fail, [])
-    lanes.submit("load", through_ring("first"), [], pipelined=True)
+    failed_store = lane_jobs.submit(lanes, "store", fail, [])
+    lane_jobs.submit(lanes, "load", through_ring("first"), [], pipelined=True)
     copy = {"fails to enqueue": fail, "reads partial bytes": through_ring("second"),
             "copies": through_ring("second")}[second]
     sources = [failed_store] if second == "reads partial bytes" else []
-    last = lanes.submit("load", copy, sources, failing_with=sources, pipelined=True)
+    last = lane_jobs.submit(lanes, "load", copy, sources, failing_with=sources, pipelined=True)
     lanes.wait(last)
     assert (last.error is None) == (second == "copies")
     assert last.end.op.follows(copied["first"])
@@ -412,7 +417,7 @@ def test_cuda_lanes_resolve_each_job_on_its_lanes_thread_in_submission_order():
     for i in range(24):
         waits_for[i] = sorted(set(rng.integers(0, i, size=2).tolist())) if i else []
         lane_of[i] = random_lane(rng)
-        handles.append(lanes.submit(lane_of[i], copy(i), [], resolve=resolve(i, waits_for[i])))
+        handles.append(lane_jobs.submit(lanes, lane_of[i], copy(i), [], resolve=resolve(i, waits_for[i])))
     for handle in handles:
         lanes.wait(handle)
     assert [i for i, _ in resolved] == list(range(24))
@@ -464,15 +469,15 @@ def test_a_pipelined_job_is_timed_from_the_end_of_the_one_before_it_whose_events
         stream.now = ring.now
 
     lanes = CudaLanes(torch, 0, ["store", "load"])
-    first = lanes.submit("load", through_ring, [], pipelined=True)
-    second = lanes.submit("load", through_ring, [], pipelined=True)
+    first = lane_jobs.submit(lanes, "load", through_ring, [], pipelined=True)
+    second = lane_jobs.submit(lanes, "load", through_ring, [], pipelined=True)
     lanes.wait(second)
-    assert lanes.finish(first) == (0.01, None)
+    assert lane_jobs.finish(lanes, first) == (0.01, None)
     first_events = {id(first.start), id(first.end)}
-    while_held = lanes.submit("store", through_ring, [])  # may not take the first's events yet
+    while_held = lane_jobs.submit(lanes, "store", through_ring, [])  # may not take the first's events yet
     assert not first_events & {id(while_held.start), id(while_held.end)}
-    assert lanes.finish(second) == (0.01, None)
-    assert lanes.finish(while_held)[1] is None
+    assert lane_jobs.finish(lanes, second) == (0.01, None)
+    assert lane_jobs.finish(lanes, while_held)[1] is None
     reused = [lanes.make("store", through_ring, []) for _ in range(3)]
     assert first_events <= {id(e) for job in reused for e in (job.start, job.end)}
     lanes.close()
@@ -482,14 +487,14 @@ def test_a_kept_handle_keeps_no_later_pipelined_job_alive():
     # LaneConflicts keeps a failed store's handle for good: it must not hold its lane's
     # later jobs through the pipelining bookkeeping.
     lanes = CudaLanes(_FAKE_TORCH, 0, ["store", "load"])
-    kept = lanes.submit("store", lambda stream: None, [], pipelined=True)
+    kept = lane_jobs.submit(lanes, "store", lambda stream: None, [], pipelined=True)
     lanes.wait(kept)
-    lanes.finish(kept)
+    lane_jobs.finish(lanes, kept)
     later = []
     for _ in range(50):
-        handle = lanes.submit("store", lambda stream: None, [], pipelined=True)
+        handle = lane_jobs.submit(lanes, "store", lambda stream: None, [], pipelined=True)
         lanes.wait(handle)
-        lanes.finish(handle)
+        lane_jobs.finish(lanes, handle)
         later.append(weakref.ref(handle))
     del handle
     lanes.close()
@@ -521,15 +526,15 @@ def test_a_pipelined_job_never_waits_on_the_reused_end_of_a_collected_job_before
     torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
         Event=_CountedEvent, Stream=_WaitLog, current_stream=lambda device=None: _WaitLog()))
     lanes = CudaLanes(torch, 0, ["store", "load"])
-    b = lanes.submit("load", lambda stream: None, [], pipelined=True)
+    b = lane_jobs.submit(lanes, "load", lambda stream: None, [], pipelined=True)
     lanes.wait(b)
     b_end, b_records = b.end, b.end.records
-    lanes.finish(b)
-    k = lanes.submit("store", lambda stream: None, [], pipelined=True)
+    lane_jobs.finish(lanes, b)
+    k = lane_jobs.submit(lanes, "store", lambda stream: None, [], pipelined=True)
     assert k.end is b_end
     lanes.wait(k)
     streams = []
-    j = lanes.submit("load", lambda stream: streams.append(stream), [], pipelined=True)
+    j = lane_jobs.submit(lanes, "load", lambda stream: streams.append(stream), [], pipelined=True)
     lanes.wait(j)
     lanes.close()
     assert all(records == b_records for event, records in streams[0].waited if event is b_end)
@@ -541,8 +546,8 @@ def test_one_lanes_enqueueing_does_not_hold_up_another_lanes():
     lanes = CudaLanes(_FAKE_TORCH, 0, LANES)
     load_enqueued = threading.Event()
     waited = []
-    store = lanes.submit("store", lambda stream: waited.append(load_enqueued.wait(TIMEOUT)), [])
-    load = lanes.submit("load", lambda stream: load_enqueued.set(), [])
+    store = lane_jobs.submit(lanes, "store", lambda stream: waited.append(load_enqueued.wait(TIMEOUT)), [])
+    load = lane_jobs.submit(lanes, "load", lambda stream: load_enqueued.set(), [])
     for handle in (store, load):
         lanes.wait(handle)
     assert waited == [True] and store.error is None and load.error is None
@@ -557,8 +562,8 @@ def test_a_job_waiting_for_another_lanes_job_waits_until_that_one_is_enqueued():
         release.wait(TIMEOUT)
         copied["store"] = stream.op()
 
-    first = lanes.submit("store", store, [])
-    second = lanes.submit("load", lambda stream: copied.__setitem__("load", stream.op()), [first])
+    first = lane_jobs.submit(lanes, "store", store, [])
+    second = lane_jobs.submit(lanes, "load", lambda stream: copied.__setitem__("load", stream.op()), [first])
     time.sleep(0.05)
     assert "load" not in copied  # still waiting on the host for the store's enqueueing
     release.set()
@@ -578,7 +583,7 @@ def test_a_job_started_again_after_its_turn_takes_no_second_turn():
     within(lambda: lanes.wait(job))
     lanes._turns.add(job)  # what the late second start adds, and queues
     lanes._queues["store"].put(item)
-    later = lanes.submit("load", lambda stream: None, [])
+    later = lane_jobs.submit(lanes, "load", lambda stream: None, [])
     within(lambda: lanes.wait(later))
     lanes.close()
 
@@ -613,8 +618,8 @@ def test_close_from_a_lanes_own_thread_does_not_wait_for_the_others():
     # A handler's finalizer can run on a lane's thread, mid-copy, while another lane's
     # job waits for that copy's job.
     lanes = CudaLanes(_FAKE_TORCH, 0, LANES)
-    store = lanes.submit("store", lambda stream: lanes.close(), [])
-    load = lanes.submit("load", lambda stream: None, [store])
+    store = lane_jobs.submit(lanes, "store", lambda stream: lanes.close(), [])
+    load = lane_jobs.submit(lanes, "load", lambda stream: None, [store])
     within(lambda: lanes.wait(load))
     assert store.error is None and load.error is None
 
@@ -622,13 +627,13 @@ def test_close_from_a_lanes_own_thread_does_not_wait_for_the_others():
 def test_a_wait_for_a_recycled_job_does_not_follow_the_job_given_its_events():
     lanes = CudaLanes(_ordered_torch(), 0, LANES)
     go, ops = threading.Event(), {}
-    done = lanes.submit("expedited", lambda stream: None, [])
+    done = lane_jobs.submit(lanes, "expedited", lambda stream: None, [])
     lanes.wait(done)
-    slow = lanes.submit("store", lambda stream: go.wait(TIMEOUT), [])
-    waiting = lanes.submit("load", lambda stream: ops.__setitem__("waiting", stream.op()), [slow, done])
+    slow = lane_jobs.submit(lanes, "store", lambda stream: go.wait(TIMEOUT), [])
+    waiting = lane_jobs.submit(lanes, "load", lambda stream: ops.__setitem__("waiting", stream.op()), [slow, done])
     assert lanes.done(done)
-    lanes.finish(done)  # collected: its events go back to the pool
-    later = lanes.submit("expedited", lambda stream: ops.__setitem__("later", stream.op()), [])
+    lane_jobs.finish(lanes, done)  # collected: its events go back to the pool
+    later = lane_jobs.submit(lanes, "expedited", lambda stream: ops.__setitem__("later", stream.op()), [])
     assert later.end is done.end
     lanes.wait(later)
     go.set()
@@ -637,9 +642,10 @@ def test_a_wait_for_a_recycled_job_does_not_follow_the_job_given_its_events():
     lanes.close()
 
 
-def test_both_kinds_of_lanes_take_the_protocols_calls():
+def test_both_kinds_of_lanes_take_the_protocols_calls_and_the_handler_calls_each_of_them():
     calls = [name for name in vars(Lanes) if not name.startswith("_")]
-    assert len(calls) == 11
+    handler_source = pathlib.Path(handler.__file__).read_text()
+    assert set(re.findall(r"self\._lanes\.(\w+)", handler_source)) == set(calls)
     for cls in (CudaLanes, HostLanes):
         for name in calls:
             want = [p for p in inspect.signature(getattr(Lanes, name)).parameters if p != "self"]

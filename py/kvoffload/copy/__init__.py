@@ -8,3 +8,10 @@ from .methods import CANDIDATES, METHODS, Batch, Kernel, PerCopy, Staged, copy_m
 from .ordering import UnsafeCopyError, safe_order
 from .registry import UNCHECKED, MemoryRegistry, require_registry
 from .writable import is_writable, require_writable
+
+__all__ = [
+    "Batch", "CANDIDATES", "CopyResult", "Kernel", "METHODS", "MemoryRegistry",
+    "NoCudaDeviceError", "PerCopy", "SrcAccessOrder", "Staged", "UNCHECKED", "UnsafeCopyError",
+    "batch_copy", "copy_blocks", "copy_method", "host_copy", "is_writable", "kernel_copy",
+    "require_registry", "require_writable", "safe_order", "staged_copy"
+]

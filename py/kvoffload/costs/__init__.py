@@ -7,3 +7,7 @@ from .cache import CalibrationCacheError
 from .calibration import Calibration
 from .page_calibration import PageCalibration
 from .rule import fastest_within
+
+__all__ = [
+    "Auto", "Calibration", "CalibrationCacheError", "PageCalibration", "fastest_within"
+]

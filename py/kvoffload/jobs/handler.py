@@ -29,6 +29,15 @@ Threads: every public method may be called from any thread. Jobs are bookkept un
 lock; ``wait`` and ``shutdown`` block without holding it, and results are collected
 from the oldest job of each lane only, so an interrupt (KeyboardInterrupt) leaves the
 handler usable.
+
+Statement order is a contract in this file. tests/jobs/handler_test.py raises a
+KeyboardInterrupt at every line a job's calls run here and in the lanes, methods,
+conflicts and accesses, and the handler must stay usable after each. So ``_submit``
+bookkeeps a job (in flight, on its lane, recorded for later jobs) before it starts it,
+``_unstarted`` holds the job across that gap, and every public method first finishes such
+a job (``_start_unstarted``); a job's copy is released only if its lane never got it;
+each step of that path is idempotent. Moving a statement across those steps is what the
+test exists to catch.
 """
 
 from __future__ import annotations
@@ -46,19 +55,18 @@ from typing import Hashable, Iterable, Sequence
 import numpy as np
 
 from ..copy.batch_copy import load_kernels
-from ..copy.writable import require_writable
+from ..copy.registry import MemoryRegistry
+from ..pages.planner import CPUSpec, GPUSpec, check_shared, group_chunks, tensor_pages
 from ..pages.table import ChunkParts, job_arguments, job_names, key_offsets, page_table
-from ..pool.host_pool import HostPool, PoolOptions
-from ..util.arguments import is_int, require_int
+from ..pool.host_pool import PoolOptions
+from ..pool.layout import chunks_reach
+from ..util.arguments import require_int
+from ..util.vocabulary import Direction
+from . import construction
 from .accesses import LazyKeys
 from .conflicts import LaneConflicts
-from .methods import JobCopy, Method, cpu_layout_for, job_method, method_object, page_choice
-from ..pages.planner import (CPUSpec, GPUSpec, KVLayout, check_shared, chunks_used,
-                               tensor_pages)
-from ..copy.registry import MemoryRegistry, tensor_span
-from ..pool.layout import check_places, chunk_runs, chunks_reach, kv_layout, pool_bytes, tensor_owners
-from ..util.vocabulary import Direction, MemoryKind
 from .lanes import CudaLanes, HostLanes, Lanes
+from .methods import JobCopy, Method, cpu_layout_for, job_method, method_object, page_choice
 
 logger = logging.getLogger(__name__)
 
@@ -109,101 +117,6 @@ def _one_id(job_ids) -> bool:
     """A string or tuple is one job id, as is anything not iterable; lists, sets and
     other iterables are several."""
     return isinstance(job_ids, (str, bytes, tuple)) or not isinstance(job_ids, Iterable)
-
-
-def _tensor_groups(torch, gpu_tensors) -> list[list]:
-    """gpu_tensors as lists of tensors, one per group; TypeError naming what is not."""
-    def groups_of(value, name):
-        if isinstance(value, (str, bytes, torch.Tensor)) or not isinstance(value, Iterable):
-            raise TypeError(f"{name}: expected a sequence, got a {type(value).__name__}")
-        return list(value)
-
-    groups = [groups_of(group, f"gpu_tensors[{g}]") for g, group in enumerate(groups_of(gpu_tensors, "gpu_tensors"))]
-    for g, group in enumerate(groups):
-        for i, t in enumerate(group):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"gpu_tensors[{g}][{i}]: expected a torch tensor, got a {type(t).__name__}")
-            # The bytes in memory are not the values such a tensor shows.
-            for bit, resolve in (("is_conj", "resolve_conj"), ("is_neg", "resolve_neg")):
-                if getattr(t, bit)():
-                    raise ValueError(f"gpu_tensors[{g}][{i}]: has its {bit[3:]} bit set; pass "
-                                     f"tensor.{resolve}(), which holds its values in memory")
-    return groups
-
-
-def _one_device(gpu_tensors):
-    devices = {t.device for group in gpu_tensors for t in group}
-    if not devices:
-        raise ValueError(f"gpu_tensors: no tensors in its {len(gpu_tensors)} groups")
-    if len(devices) != 1:
-        raise ValueError(f"gpu_tensors: expected one device, got {sorted(map(str, devices))}")
-    return devices.pop()
-
-
-def _chunks_per_group(num_cpu_chunks, groups: int) -> list[int]:
-    if is_int(num_cpu_chunks):
-        num_cpu_chunks = [num_cpu_chunks] * groups
-    if not isinstance(num_cpu_chunks, Iterable):
-        raise TypeError(f"num_cpu_chunks: expected an int or one per group, got "
-                        f"{type(num_cpu_chunks).__name__}")
-    num_cpu_chunks = [require_int(f"num_cpu_chunks[{g}]", n, 0) for g, n in enumerate(num_cpu_chunks)]
-    if len(num_cpu_chunks) != groups:
-        raise ValueError(f"num_cpu_chunks: has {len(num_cpu_chunks)} entries for {groups} groups")
-    return num_cpu_chunks
-
-
-def _register_gpu_tensors(registry, gpu_tensors) -> None:
-    """Every view is registered (its own span: a tensor's views in several groups may
-    differ, A[:, :32] and A), once: a tensor referenced by several groups again is only
-    watched, so that a storage swapped under any reference is refused."""
-    registered = set()
-    require_writable((f"gpu_tensors[{g}][{i}]", *tensor_span(t)) for g, group in enumerate(gpu_tensors)
-                     for i, t in enumerate(group) if t.device.type == "cpu")
-    for g, group in enumerate(gpu_tensors):
-        for i, t in enumerate(group):
-            if t.numel():
-                view = (str(t.device), t.data_ptr(), tuple(t.shape), t.stride())
-                if view in registered:
-                    registry.watch(f"gpu_tensors[{g}][{i}]", t)
-                else:
-                    registered.add(view)
-                    registry.register_tensor(f"gpu_tensors[{g}][{i}]", t)
-
-
-def _pool_and_layout(registry, gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk, cpu_layout,
-                     host_buffer, cpu_places, options, device) -> tuple[HostPool, KVLayout]:
-    """The pool (made here, or the caller's host_buffer), registered, and the layout of
-    its chunks: cpu_layout's, or the caller's cpu_places in host_buffer."""
-    owners = tensor_owners(gpu_tensors)
-    if cpu_places is None:
-        need = pool_bytes(pages, num_cpu_chunks, blocks_per_chunk, owners)
-        runs = chunk_runs(pages, num_cpu_chunks, blocks_per_chunk, cpu_layout, owners)
-    elif host_buffer is None:
-        raise ValueError("cpu_places: places chunks in a host_buffer, and none was given")
-    else:  # the buffer is registered whole: no runs to respect
-        cpu_places, need = check_places(cpu_places, pages, num_cpu_chunks, blocks_per_chunk,
-                                        host_buffer.numel() * host_buffer.element_size())
-        runs = ()
-    pool = HostPool(need, buffer=host_buffer, pinned=device.type == "cuda", device=device.index or 0,
-                    options=options, chunk_runs=runs)
-    try:
-        shared = registry.overlapping(*tensor_span(pool.tensor))  # all of a host_buffer
-        if shared:
-            raise ValueError(f"host_buffer: overlaps {shared[0].name}")
-        if pool.nbytes:
-            registry.register("host pool", pool.base, pool.nbytes, MemoryKind.HOST)
-        if host_buffer is not None:
-            registry.watch("host_buffer", host_buffer)  # held, and refused if swapped
-        if cpu_places is None:
-            layout = kv_layout(gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk, pool.base, cpu_layout)
-        else:
-            layout = KVLayout.from_parts(
-                gpu_tensors, pages, [[(pool.base + o, s) for o, s in group] for group in cpu_places],
-                num_cpu_chunks, blocks_per_chunk)
-    except BaseException:
-        pool.release()  # a host_buffer page-locked here is unlocked again
-        raise
-    return pool, layout
 
 
 def _check_job_id(job_id) -> None:
@@ -282,21 +195,11 @@ class OffloadHandler:
                  host_pool: PoolOptions | None = None):
         import torch
 
-        gpu_tensors = _tensor_groups(torch, gpu_tensors)
+        gpu_tensors = construction.tensor_groups(torch, gpu_tensors)
         require_int("blocks_per_chunk", blocks_per_chunk, 1)
-        device = _one_device(gpu_tensors)
-        num_cpu_chunks = _chunks_per_group(num_cpu_chunks, len(gpu_tensors))
-        if host_buffer is not None and not isinstance(host_buffer, torch.Tensor):
-            raise TypeError(f"host_buffer: expected a CPU torch tensor, got {type(host_buffer).__name__}")
-        if host_pool is not None and not isinstance(host_pool, PoolOptions):
-            raise TypeError(f"host_pool: expected a kvoffload.PoolOptions, got {type(host_pool).__name__}")
-        if host_pool is not None and host_buffer is not None:
-            raise ValueError("host_pool: options of a pool the handler makes; with host_buffer the pool is the "
-                             "caller's, page-locked as it is")
-        if not isinstance(expedited_loads, bool):
-            raise TypeError(f"expedited_loads: expected True or False, got {expedited_loads!r}")
-        if cpu_places is not None and cpu_layout is not None:
-            raise ValueError(f"cpu_layout: {cpu_layout!r} cannot be given with cpu_places, which place the chunks")
+        device = construction.one_device(gpu_tensors)
+        num_cpu_chunks = construction.chunks_per_group(num_cpu_chunks, len(gpu_tensors))
+        construction.check_options(torch, host_buffer, host_pool, expedited_loads, cpu_layout, cpu_places)
         pages = tensor_pages(gpu_tensors, page_bytes)
         method = method_object(method)
         choice = page_choice(method, device, pages, gpu_tensors)
@@ -311,8 +214,8 @@ class OffloadHandler:
         if on_gpu:
             load_kernels(device.index)  # now, so that the first job does not wait for the model
         self.registry = MemoryRegistry()
-        _register_gpu_tensors(self.registry, gpu_tensors)
-        self.pool, self.layout = _pool_and_layout(self.registry, gpu_tensors, pages, num_cpu_chunks,
+        construction.register_gpu_tensors(self.registry, gpu_tensors)
+        self.pool, self.layout = construction.pool_and_layout(self.registry, gpu_tensors, pages, num_cpu_chunks,
                                                   blocks_per_chunk, cpu_layout, host_buffer, cpu_places,
                                                   host_pool, device)
         self.gpu_tensors = gpu_tensors
@@ -376,7 +279,8 @@ class OffloadHandler:
         self._check_process()
         _check_job_id(job_id)
         self._lanes.require_not_capturing()
-        self._wait_for_pinning(gpu, cpu, job_id)  # before the lock: other threads' calls go on
+        used = group_chunks(gpu, self.layout.blocks_per_chunk)  # the job's chunk reach, computed once
+        self._wait_for_pinning(gpu, cpu, used, job_id)  # before the lock: other threads' calls go on
         with self._lock:
             self._start_unstarted()
             self._check_open()
@@ -387,10 +291,8 @@ class OffloadHandler:
             ids = job_arguments(gpu, cpu)
             # Checks the ids (the page methods' only check, besides shared tensors).
             prepared = self._table.prepare(*ids, names=job_names(gpu, cpu))
-            check_shared(self.layout, gpu, cpu)
+            check_shared(self.layout, gpu, cpu, used)
             nbytes, plan = self._jobs.plan(direction, prepared, gpu, self.registry)
-            used = [chunks_used(n, b, self.layout.blocks_per_chunk)
-                    for n, b in zip(gpu.group_sizes, gpu.block_indices)]
             self.pool.require_pinned(chunks_reach(self.layout, cpu.chunk_ids, used), job_id)
             job = _Job(job_id, direction, "expedited" if expedite else direction.value, nbytes,
                        LazyKeys(functools.partial(_job_keys, self._table, self._gpu_offset, self._cpu_offset,
@@ -398,7 +300,7 @@ class OffloadHandler:
             self._collect()
             return self._submit(job, plan, prepared)
 
-    def _wait_for_pinning(self, gpu: GPUSpec, cpu: CPUSpec, job_id: Hashable) -> None:
+    def _wait_for_pinning(self, gpu: GPUSpec, cpu: CPUSpec, used: list[int], job_id: Hashable) -> None:
         """With PoolOptions(wait_for_pinning=True), waits until the pool is pinned as far
         as the job's chunks reach, without the lock: a wait of seconds must not hold up
         get_finished(), wait() or shutdown() on other threads. Chunk ids out of range (or
@@ -409,7 +311,6 @@ class OffloadHandler:
             return
         if len(gpu.group_sizes) != len(layout.groups):
             return
-        used = [chunks_used(n, b, layout.blocks_per_chunk) for n, b in zip(gpu.group_sizes, gpu.block_indices)]
         if sum(used) != len(cpu.chunk_ids):
             return
         at = 0

@@ -25,13 +25,11 @@ from .. import _C
 
 
 class Lanes(Protocol):
-    """What CudaLanes and HostLanes both do; the handler holds one of them. ``make``
-    builds a job that runs ``copy`` once its ``waits`` (handles of other lanes' jobs) are
-    done; ``start`` queues it; ``finish`` retires it. ``resolve`` (CUDA lanes only) finds
-    the waits on the lane's enqueue thread instead."""
-
-    def submit(self, lane: str, copy: Callable, waits: Sequence, failing_with: Sequence = (),
-               pipelined: bool = False, resolve: Callable | None = None): ...
+    """What CudaLanes and HostLanes both do; the handler holds one of them and calls
+    nothing else. ``make`` builds a job that runs ``copy`` once its ``waits`` (handles of
+    other lanes' jobs) are done; ``start`` queues it; ``wait``, ``result`` and ``recycle``
+    retire it. ``resolve`` (CUDA lanes only) finds the waits on the lane's enqueue thread
+    instead."""
 
     def make(self, lane: str, copy: Callable, waits: Sequence, failing_with: Sequence = (),
              pipelined: bool = False, resolve: Callable | None = None): ...
@@ -45,8 +43,6 @@ class Lanes(Protocol):
     def result(self, handle) -> tuple[float, str | None]: ...
 
     def recycle(self, handle) -> None: ...
-
-    def finish(self, handle) -> tuple[float, str | None]: ...
 
     def fence(self, stream) -> None: ...
 
@@ -114,11 +110,6 @@ class CudaLanes:
             thread.start()
         for q in self._queues.values():  # a lane set never closed ends its threads
             weakref.finalize(self, q.put, None)
-
-    def submit(self, lane, copy, waits, failing_with=(), pipelined=False, resolve=None):
-        handle = self.make(lane, copy, waits, failing_with, pipelined, resolve)
-        self.start(handle)
-        return handle
 
     def make(self, lane, copy, waits, failing_with=(), pipelined=False, resolve=None):
         """A job that starts after the compute stream's work so far, once start()ed.
@@ -263,12 +254,6 @@ class CudaLanes:
         else:
             self._events.append(events)
 
-    def finish(self, handle) -> tuple[float, str | None]:
-        """result(), then recycle()."""
-        got = self.result(handle)
-        self.recycle(handle)
-        return got
-
     def fence(self, stream) -> None:
         """``stream`` (None: the current stream) waits for every job submitted so far (the
         host waits until they are enqueued)."""
@@ -351,11 +336,6 @@ class HostLanes:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, lane, copy, waits, failing_with=(), pipelined=False, resolve=None):
-        handle = self.make(lane, copy, waits, failing_with, pipelined, resolve)
-        self.start(handle)
-        return handle
-
     def fence(self, stream) -> None:
         del stream
         raise RuntimeError("fence: only for a handler of GPU tensors")
@@ -412,10 +392,6 @@ class HostLanes:
     @staticmethod
     def recycle(handle) -> None:
         del handle
-
-    @staticmethod
-    def finish(handle) -> tuple[float, str | None]:
-        return handle.seconds, handle.error
 
     def close(self) -> None:
         """Runs what was started, then ends the threads. Idempotent."""

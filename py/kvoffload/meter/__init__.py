@@ -4,3 +4,8 @@ the model's loop (compute_loop) and the copy sources it keeps in flight (sources
 from .compute_loop import WORKLOADS, ComputeLoop
 from .meter import Result, alone, measure
 from .sources import DIRECTIONS, BulkCopies, RawCopies, WorkerCopies
+
+__all__ = [
+    "BulkCopies", "ComputeLoop", "DIRECTIONS", "RawCopies", "Result", "WORKLOADS", "WorkerCopies",
+    "alone", "measure"
+]

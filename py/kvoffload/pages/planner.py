@@ -389,9 +389,15 @@ def _check_shared(name: str, ids: np.ndarray, counts, alias: tuple[int, ...], si
                          f"{group[first]} ({name}[{first}]), which shares its {side} tensors")
 
 
-def check_shared(layout: KVLayout, gpu: GPUSpec, cpu: CPUSpec) -> None:
-    """Refuses a transfer naming one block or chunk in two groups that share tensors."""
-    bpc = layout.blocks_per_chunk
-    used = [chunks_used(n, b, bpc) for n, b in zip(gpu.group_sizes, gpu.block_indices)]
+def group_chunks(gpu: GPUSpec, blocks_per_chunk: int) -> list[int]:
+    """How many chunks each group of a job uses (as many CPU ids as the job must name)."""
+    return [chunks_used(n, b, blocks_per_chunk) for n, b in zip(gpu.group_sizes, gpu.block_indices)]
+
+
+def check_shared(layout: KVLayout, gpu: GPUSpec, cpu: CPUSpec, used: list[int] | None = None) -> None:
+    """Refuses a transfer naming one block or chunk in two groups that share tensors.
+    used: group_chunks(gpu, layout.blocks_per_chunk), where the caller has it."""
+    if used is None:
+        used = group_chunks(gpu, layout.blocks_per_chunk)
     _check_shared(gpu.name("block_ids"), gpu.block_ids, gpu.group_sizes, layout.gpu_alias, "GPU")
     _check_shared(cpu.name("chunk_ids"), cpu.chunk_ids, used, layout.cpu_alias, "CPU")

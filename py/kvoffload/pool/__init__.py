@@ -5,3 +5,8 @@ from .host_pool import HostPool, PoolNotReadyError, PoolOptions
 from .layout import CPU_LAYOUTS
 from .memory import PinnedMemoryError, PoolMemory
 from .shm_file import SharedFile
+
+__all__ = [
+    "CPU_LAYOUTS", "HostPool", "PinnedMemoryError", "PoolMemory", "PoolNotReadyError",
+    "PoolOptions", "SharedFile"
+]

@@ -2,3 +2,7 @@
 
 from .arguments import check_max_slowdown, is_int, require_int
 from .vocabulary import Direction, MemoryKind
+
+__all__ = [
+    "Direction", "MemoryKind", "check_max_slowdown", "is_int", "require_int"
+]
