@@ -42,7 +42,8 @@ void RequireNotCapturing(cudaStream_t stream, const char* name) {
     CheckCuda(asked, "cudaStreamIsCapturing");
   }
   if (status != cudaStreamCaptureStatusNone) {
-    // The legacy stream answers for every capture of its device, other threads' too.
+    // The legacy stream answers for the captures of the streams that synchronize with it
+    // (blocking streams), other threads' too; not for PyTorch's, which are non-blocking.
     const bool legacy = stream == nullptr || stream == cudaStreamLegacy;
     throw std::invalid_argument(
         std::string(name) + ": is capturing a CUDA graph" +

@@ -13,6 +13,7 @@ import vllm_caches
 from vllm.v1.kv_offload.base import GPULoadStoreSpec
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
+from kvoffload.pages import paths as page_paths
 from kvoffload.vllm import KVOffloadWorker
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -90,10 +91,15 @@ def test_stores_and_loads_with_pool_ids_move_vllms_bytes(model, kv_layout, devic
     worker = KVOffloadWorker(caches, 1, BLOCKS)
     try:
         if device == "cuda" and kv_layout in ("LBHNC", "LBNHC"):
-            # Rows of one allocation go by 2D copies, by default; where the driver refuses
-            # them (expandable segments), the ring, saying why.
+            # Rows of one allocation go by 2D copies, by default, below ROWS_BELOW_PAGE_BYTES
+            # a page; where the driver refuses them (expandable segments), the ring, saying why.
             reasons = worker.handler.method_reasons
-            if "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+            pages = page_paths.layout_pages(worker.handler.layout)
+            small = max(p for group in pages for p in group) < page_paths.ROWS_BELOW_PAGE_BYTES
+            if not small:  # a copy a page, as on separate allocations
+                assert worker.handler.methods == {"store": "pages_dma", "load": "pages_dma"}
+                assert "2D copies" not in reasons["store"], reasons
+            elif "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
                 assert "not one allocation" in reasons["store"], reasons
             else:
                 assert worker.handler.methods == {"store": "pages_dma", "load": "pages_dma"}
