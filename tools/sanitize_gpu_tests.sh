@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs GPU test files under compute-sanitizer, once per tool; on a GPU host, inside
-# gpu_bundle/ (tools/stage_gpu_bundle.sh) or with PYTHONPATH set to the package.
+# gpu_bundle/ (tools/stage_gpu_bundle.sh), whose tests/ is flat.
 #   tools/sanitize_gpu_tests.sh [--tools=memcheck,racecheck,synccheck] [--jobs=N] [test file ...]
 # Default files: every tests/*_gpu_test.py but meter_gpu_test.py. The sanitizer slows every
 # kernel and copy many times over, so the tests' repetition counts shrink

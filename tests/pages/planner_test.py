@@ -1,5 +1,5 @@
 """Multi-group layouts and transfers (kvoffload.pages.planner) as the handler plans them: the
-page table's copies (page_table.transfer_plan), checked byte for byte through the host
+page table's copies (pages.table.transfer_plan), checked byte for byte through the host
 copy path, against the per-block reference, and on bad input."""
 
 import itertools

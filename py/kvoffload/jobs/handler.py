@@ -89,7 +89,7 @@ class _Job:
     direction: Direction
     lane: str
     bytes: int
-    keys: LazyKeys | None  # flat GPU block and CPU part numbers (page_table.key_offsets), until started
+    keys: LazyKeys | None  # flat GPU block and CPU part numbers (pages.table.key_offsets), until started
     copy: JobCopy | None = None  # what it runs; its method's to release once retired
     handle: object = None
     seq: int = 0  # submission number

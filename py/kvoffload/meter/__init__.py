@@ -2,10 +2,10 @@
 the model's loop (compute_loop) and the copy sources it keeps in flight (sources)."""
 
 from .compute_loop import WORKLOADS, ComputeLoop
-from .meter import Result, alone, measure
+from .meter import CALIBRATION_WORKLOAD, NOISE, ROUNDS, STEPS, Result, alone, measure
 from .sources import DIRECTIONS, BulkCopies, RawCopies, WorkerCopies
 
 __all__ = [
-    "BulkCopies", "ComputeLoop", "DIRECTIONS", "RawCopies", "Result", "WORKLOADS", "WorkerCopies",
-    "alone", "measure"
+    "CALIBRATION_WORKLOAD", "DIRECTIONS", "NOISE", "ROUNDS", "STEPS", "WORKLOADS", "BulkCopies", "ComputeLoop",
+    "RawCopies", "Result", "WorkerCopies", "alone", "measure",
 ]

@@ -13,7 +13,7 @@ import re as _re
 import vllm as _vllm
 
 # The vLLM minor versions kvoffload.vllm is tested with: 0.32 end to end (vLLM's CPU build,
-# tests/vllm/vllm_engine_test.py), 0.33 through its classes (tests/vllm_*_test.py).
+# tests/vllm/vllm_engine_test.py), 0.33 through its classes (tests/vllm/vllm_*_test.py).
 SUPPORTED_VLLM = ("0.32", "0.33")
 
 
