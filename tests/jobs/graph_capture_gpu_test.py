@@ -146,3 +146,49 @@ def test_jobs_copy_right_while_another_thread_captures_in_global_mode(method):
     assert captured and torch.all(captured[0] == 2)
     assert len(results) == 2 and all(r.success for r in results), results
     assert all(torch.equal(t[torch.from_numpy(loaded).cuda()], w) for t, w in zip(gpu[0], want))
+
+
+def test_a_job_from_the_legacy_stream_is_refused_while_a_blocking_stream_captures():
+    # A blocking stream's capture takes in the legacy stream's work (CUDA answers
+    # cudaErrorStreamCaptureImplicit for it), so a job from there is refused by name; the
+    # capture is not invalidated, and a job from a stream of one's own runs.
+    cupy = pytest.importorskip("cupy")
+    rng = np.random.default_rng(12)
+    _, gpu = one_allocation(rng)
+    handler = OffloadHandler(gpu, CHUNKS, 1)
+    blocking = cupy.cuda.Stream(non_blocking=False)
+    capture_stream = torch.cuda.ExternalStream(blocking.ptr)
+    capturing, release, captured = threading.Event(), threading.Event(), []
+
+    def capture():
+        x = torch.ones(1024, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, stream=capture_stream, capture_error_mode="relaxed"):
+                x.mul_(3)
+                capturing.set()
+                release.wait(30)
+            graph.replay()
+            captured.append(x)
+        finally:
+            capturing.set()
+
+    thread = threading.Thread(target=capture)
+    thread.start()
+    try:
+        assert capturing.wait(30)
+        ids = rng.permutation(BLOCKS)[:8].astype(np.int64)
+        chunks = rng.permutation(CHUNKS)[:8].astype(np.int64)
+        with pytest.raises(ValueError, match="current stream: " + CAPTURING + r" \(the legacy default stream"):
+            handler.store("refused", GPUSpec(ids, [8], [0]), CPUSpec(chunks))
+    finally:
+        release.set()
+        thread.join(30)
+    try:
+        torch.cuda.synchronize()
+        assert captured and torch.all(captured[0] == 3)
+        results, same = round_trip(handler, gpu, rng, "after")
+        assert all(r.success for r in results) and all(same), (results, same)
+        assert "refused" not in {r.job_id for r in results}
+    finally:
+        handler.shutdown()
