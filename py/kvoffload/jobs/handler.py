@@ -35,9 +35,9 @@ KeyboardInterrupt at every line a job's calls run here and in the lanes, methods
 conflicts and accesses, and the handler must stay usable after each. So ``_submit``
 bookkeeps a job (in flight, on its lane, recorded for later jobs) before it starts it,
 ``_unstarted`` holds the job across that gap, and every public method first finishes such
-a job (``_start_unstarted``); a job's copy is released only if its lane never got it;
-each step of that path is idempotent. Moving a statement across those steps is what the
-test exists to catch.
+a job (``_start_unstarted``), each step of that idempotent; a job's copy goes back to its
+method when the job is collected, or at once if its lane never got it. Moving a statement
+across those steps is what the test exists to catch.
 """
 
 from __future__ import annotations
