@@ -77,7 +77,7 @@ def job_specs(rng, groups, n, blocks, chunks, bpc, half=None):
 def make_handler(cache, chunks, bpc, method):
     """An OffloadHandler for a --methods entry."""
     base, _, ctas = method.partition("_ctas")
-    if ctas and base in page_methods.METHODS:
+    if ctas and base in page_methods.NAMES:
         return OffloadHandler(cache, chunks, bpc, method=dataclasses.replace(kv.Pages.named(base), ctas=int(ctas)),
                               cpu_layout=CPU_LAYOUT)
     return OffloadHandler(cache, chunks, bpc, method=method, cpu_layout=CPU_LAYOUT)

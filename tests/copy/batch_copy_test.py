@@ -507,6 +507,7 @@ ONE_ARRAY_CASES = {"2-D dst", "int32 src", "uint64 dst", "torch int32 sizes", "f
 
 def every_mode(registry):
     """name -> copy(src, dst, sizes) for every raw-pointer entry point with ``registry``."""
+    from kvoffload.copy.methods import CANDIDATES
     from kvoffload.costs import auto
 
     modes = {
@@ -517,7 +518,7 @@ def every_mode(registry):
         "staged_copy h2d": functools.partial(kv.staged_copy, direction="load", registry=registry),
         "staged_copy d2h": functools.partial(kv.staged_copy, direction="store", registry=registry),
     }
-    for method in ("auto",) + auto.METHODS:
+    for method in ("auto",) + tuple(CANDIDATES):
         for direction in kv.Direction:
             modes[f"auto.copy {method} {direction}"] = functools.partial(
                 auto.copy, direction=direction, method=method, registry=registry)

@@ -55,7 +55,7 @@ def test_each_method_passes_its_own_options(calls, seed):
 def test_names_resolve_to_the_defaults_and_auto_runs_a_given_object(calls):
     assert copy_method("kernel") == Kernel() and copy_method("staged") == Staged()
     assert Kernel().max_ctas == KERNEL_CTAS and Staged().slots == STAGED_SLOTS
-    assert tuple(copy_methods.CANDIDATES) == auto.METHODS and set(copy_methods.METHODS) < set(auto.METHODS)
+    assert set(copy_methods.METHODS) < set(copy_methods.CANDIDATES)
     assert copy_method("kernel_ctas2") == Kernel(max_ctas=2)
     method = Kernel(max_ctas=3)
     assert copy_method(method) is method

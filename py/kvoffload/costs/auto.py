@@ -19,13 +19,11 @@ from typing import ClassVar
 import numpy as np
 
 from ..copy.batch_copy import CopyResult, SrcAccessOrder, copy_arguments, stream_device
-from ..copy.methods import CANDIDATES, CopyMethod, copy_method
+from ..copy.methods import CopyMethod, copy_method
 from ..util.arguments import check_max_slowdown
 from ..util.vocabulary import Direction
 from . import calibration as calibrations
 from .calibration import MAX_SLOWDOWN
-
-METHODS = tuple(CANDIDATES)  # the names a method may be given by
 
 
 def mean_host_run(host: np.ndarray, sizes: np.ndarray) -> float:

@@ -16,16 +16,11 @@ import logging
 from typing import Callable, Union
 
 from .. import _C
-
-from ..costs import calibration
-
-from ..costs import page_calibration
-
 from ..copy.batch_copy import batch_entry_point_version, host_copy
-from ..copy.methods import CopyMethod, copy_method
+from ..copy.methods import CANDIDATES, CopyMethod, copy_method
 from ..copy.ordering import PendingWrites, safe_order
 from ..copy.registry import UNCHECKED
-from ..costs.auto import METHODS as COPY_METHODS
+from ..costs import calibration, page_calibration
 from ..costs.auto import Auto
 from ..pages import paths as page_paths
 from ..pages.paths import PagePath, Pages
@@ -36,7 +31,7 @@ from .descriptor_pool import DescriptorPool
 logger = logging.getLogger(__name__)
 
 Method = Union[str, Pages, Auto, CopyMethod]
-NAMES = ("auto",) + COPY_METHODS + page_paths.METHODS
+NAMES = ("auto",) + tuple(CANDIDATES) + page_paths.NAMES  # every name a handler's method may be
 
 
 def method_object(method: Method) -> Pages | Auto | CopyMethod:
@@ -45,7 +40,7 @@ def method_object(method: Method) -> Pages | Auto | CopyMethod:
         return method
     if isinstance(method, str) and method == "auto":
         return Auto()
-    if isinstance(method, str) and method in page_paths.METHODS:
+    if isinstance(method, str) and method in page_paths.NAMES:
         return Pages.named(method)
     try:
         return copy_method(method)

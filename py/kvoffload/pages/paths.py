@@ -25,7 +25,7 @@ PagePath = _C.PagePath
 
 # The handler's page methods: "pages" chooses per direction, the others force a path.
 FORCED = {"pages_staged": PagePath.STAGED, "pages_kernel": PagePath.KERNEL, "pages_dma": PagePath.DMA}
-METHODS = ("pages",) + tuple(FORCED)
+NAMES = ("pages",) + tuple(FORCED)  # the names a page method may be given by
 DMA_FROM_PAGE_BYTES = {Direction.STORE: 20 << 10, Direction.LOAD: 20 << 10}
 # 2D copies (a row per tensor) for smaller pages only: at 64 KiB a copy per page moved
 # more (54 against 50.7 GB/s alone on the H200, bench/results/dma2d_probe_h200.json).
@@ -91,9 +91,9 @@ class Pages:
 
     @classmethod
     def named(cls, method: str) -> Pages:
-        """The page method of that name (one of METHODS)."""
-        if method not in METHODS:
-            raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
+        """The page method of that name (one of NAMES)."""
+        if method not in NAMES:
+            raise ValueError(f"method: expected one of {NAMES}, got {method!r}")
         return cls(FORCED.get(method))
 
     @property
