@@ -4,11 +4,11 @@ from, and the one writer of result files (bench/results/README.md indexes them).
 import datetime
 import json
 import os
-import subprocess
 
 import numpy as np
 
 import kvoffload as kv
+from kvoffload.costs import cache
 
 
 def random_ids(rng, count, limit, first=0):
@@ -21,26 +21,17 @@ def scattered_offsets(rng, count, block, pool_bytes):
     return random_ids(rng, count, pool_bytes // block) * block
 
 
-def driver_version():
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, check=True)
-        return out.stdout.split("\n")[0].strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def machine(**extra):
     """The machine a result came from, recorded one way by every benchmark: its GPU (or
-    "none (host path)"), driver, torch and CUDA runtime, the environment the copies read,
-    and the host's cores."""
+    "none (host path)") with the key its calibrations are cached under (driver, PCIe link,
+    bus id), torch and CUDA runtime, the environment the copies read, and the host's cores."""
     try:
         import torch
     except ImportError:
         torch = None
     gpu = torch is not None and torch.cuda.is_available()
     return dict(device=torch.cuda.get_device_name() if gpu else "none (host path)",
-                driver=driver_version() if gpu else None,
+                device_key=cache.device_key(torch.cuda.current_device()) if gpu else None,
                 torch=torch.__version__ if torch else None,
                 cuda_runtime=torch.version.cuda if torch else None,
                 batch_entry_point=kv.batch_entry_point_version() if gpu else None,
