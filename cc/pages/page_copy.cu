@@ -176,7 +176,7 @@ int64_t EnqueueRowBatches(const DevicePageTable& table, const RowCopies& copies,
       const CUmemcpy3DOperand host = PitchedOperand(copies.host[i], r.host_pitch);
       op.src = store ? gpu : host;
       op.dst = store ? host : gpu;
-      op.extent = CUextent3D{static_cast<size_t>(copies.width[i]), static_cast<size_t>(r.rows), 1};
+      op.extent = CUextent3D{static_cast<size_t>(copies.width[i]), static_cast<size_t>(copies.rows[i]), 1};
       op.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
     }
     size_t fail = 0;
@@ -212,12 +212,12 @@ int64_t EnqueueRows(const DevicePageTable& table, const RowCopies& copies, Direc
     const cudaError_t status =
         cudaMemcpy2DAsync(reinterpret_cast<void*>(dst), store ? r.host_pitch : r.gpu_pitch,
                           reinterpret_cast<const void*>(src), store ? r.gpu_pitch : r.host_pitch,
-                          copies.width[i], r.rows, cudaMemcpyDefault, stream);
+                          copies.width[i], copies.rows[i], cudaMemcpyDefault, stream);
     if (status != cudaSuccess) {
       cudaGetLastError();
       throw CudaError("cudaMemcpy2DAsync", cudaGetErrorName(status), status, -1,
                       "row copy " + std::to_string(i) + " of group " + std::to_string(copies.group[i]) +
-                          " (" + std::to_string(copies.width[i]) + " bytes x " + std::to_string(r.rows) +
+                           " (" + std::to_string(copies.width[i]) + " bytes x " + std::to_string(copies.rows[i]) +
                           " rows, GPU pitch " + std::to_string(r.gpu_pitch) + ", host pitch " +
                           std::to_string(r.host_pitch) + "): " + cudaGetErrorString(status) +
                           "; the job's other DMA and the " + std::to_string(i) +
@@ -249,7 +249,8 @@ CopyResult DmaPageCopy(const DevicePageTable& table, const PageJob& job, Directi
     row_pages.gpu.clear();
     row_pages.host.clear();
     row_pages.size.clear();
-    BuildRowCopies(layout, table.rows(), job.block_ids, segments, direction, rows, row_pages, rest);
+    BuildRowCopies(layout, table.rows(), job.block_ids, segments, direction, options.rows_per_copy, rows,
+                   row_pages, rest);
     BuildPageDma(layout, job.block_ids, rest, direction, dma);
     dma.gpu.insert(dma.gpu.end(), row_pages.gpu.begin(), row_pages.gpu.end());
     dma.host.insert(dma.host.end(), row_pages.host.begin(), row_pages.host.end());
@@ -371,6 +372,10 @@ void ValidatePageCopyOptions(const PageCopyOptions& options) {
   if (options.src_order != SrcAccessOrder::kStream && options.src_order != SrcAccessOrder::kAny) {
     throw std::invalid_argument("src_order: must be STREAM or ANY, got " +
                                 std::to_string(static_cast<int>(options.src_order)));
+  }
+  if (options.rows_per_copy < 0) {
+    throw std::invalid_argument("rows_per_copy: must be >= 0 (0: all of a group's rows), got " +
+                                std::to_string(options.rows_per_copy));
   }
   if (options.ring < 0 || options.ring >= kMaxRings) {
     throw std::invalid_argument("ring: must be in [0, " + std::to_string(kMaxRings) + "), got " +

@@ -52,17 +52,19 @@ struct Block {
 
 void BuildRowCopies(const PageLayout& layout, const std::vector<GroupRows>& rows,
                     const int64_t* block_ids, const std::vector<Segment>& segments,
-                    Direction direction, RowCopies& out, PageDma& pages,
+                    Direction direction, int64_t rows_per_copy, RowCopies& out, PageDma& pages,
                     std::vector<Segment>& rest) {
   out.gpu.clear();
   out.host.clear();
   out.width.clear();
+  out.rows.clear();
   out.group.clear();
   rest.clear();
   std::vector<int64_t> group_of(layout.refs().size());
   for (int64_t g = 0; g < layout.groups(); ++g) {
     std::fill(group_of.begin() + layout.first_ref(g), group_of.begin() + layout.end_ref(g), g);
   }
+  const bool banded = rows_per_copy > 0;
   std::vector<std::vector<Block>> blocks(layout.groups());
   for (const Segment& s : segments) {
     const int64_t g = group_of[s.ref];
@@ -75,58 +77,54 @@ void BuildRowCopies(const PageLayout& layout, const std::vector<GroupRows>& rows
     for (int32_t k = 0; k < s.pages; ++k) {
       const int64_t gpu = t.gpu_base + block_ids[s.first_block + k] * t.gpu_stride;
       const int64_t host = s.host + k * t.page_bytes;
-      blocks[g].push_back({direction == Direction::kStore ? host : gpu, gpu, host});
+      blocks[g].push_back({direction == Direction::kStore && !banded ? host : gpu, gpu, host});
     }
   }
+  std::vector<Block> runs;  // blocks merged: place holds the width
   for (int64_t g = 0; g < layout.groups(); ++g) {
     if (blocks[g].empty()) continue;
     std::sort(blocks[g].begin(), blocks[g].end());
     const GroupRows& r = rows[g];
     const int64_t page = layout.refs()[layout.first_ref(g)].page_bytes;
     const int64_t widest = std::min(r.gpu_pitch, r.host_pitch);
-    const size_t first_copy = out.gpu.size();
+    runs.clear();
     for (const Block& b : blocks[g]) {
-      const size_t n = out.gpu.size();
-      if (n > first_copy && out.gpu[n - 1] + out.width[n - 1] == b.gpu &&
-          out.host[n - 1] + out.width[n - 1] == b.host && out.width[n - 1] + page <= widest) {
-        out.width[n - 1] += page;
+      if (!runs.empty() && runs.back().gpu + runs.back().place == b.gpu &&
+          runs.back().host + runs.back().place == b.host && runs.back().place + page <= widest) {
+        runs.back().place += page;
       } else {
-        out.gpu.push_back(b.gpu);
-        out.host.push_back(b.host);
-        out.width.push_back(page);
-        out.group.push_back(g);
+        runs.push_back({page, b.gpu, b.host});
       }
     }
-    // Host rows that would cross into another registration go one row at a time, cut at
-    // the breaks (a copy may not span two registrations).
-    size_t kept = first_copy;
-    for (size_t i = first_copy; i < out.gpu.size(); ++i) {
-      const int64_t host_end = out.host[i] + (r.rows - 1) * r.host_pitch + out.width[i];
-      if (layout.next_host_break(out.host[i]) >= host_end) {
-        out.gpu[kept] = out.gpu[i];
-        out.host[kept] = out.host[i];
-        out.width[kept] = out.width[i];
-        out.group[kept] = out.group[i];
-        ++kept;
-        continue;
-      }
-      for (int64_t row = 0; row < r.rows; ++row) {
-        int64_t gpu = out.gpu[i] + row * r.gpu_pitch, host = out.host[i] + row * r.host_pitch;
-        for (int64_t left = out.width[i]; left > 0;) {
-          const int64_t bytes = std::min(left, layout.next_host_break(host) - host);
-          pages.gpu.push_back(gpu);
-          pages.host.push_back(host);
-          pages.size.push_back(bytes);
-          gpu += bytes;
-          host += bytes;
-          left -= bytes;
+    const int64_t band = banded ? std::min(rows_per_copy, r.rows) : r.rows;
+    for (int64_t first_row = 0; first_row < r.rows; first_row += band) {
+      const int64_t n = std::min(band, r.rows - first_row);
+      for (const Block& run : runs) {
+        const int64_t gpu = run.gpu + first_row * r.gpu_pitch, host = run.host + first_row * r.host_pitch;
+        // Host rows that would cross into another registration go one row at a time, cut
+        // at the breaks (a copy may not span two registrations).
+        if (layout.next_host_break(host) >= host + (n - 1) * r.host_pitch + run.place) {
+          out.gpu.push_back(gpu);
+          out.host.push_back(host);
+          out.width.push_back(run.place);
+          out.rows.push_back(n);
+          out.group.push_back(g);
+          continue;
+        }
+        for (int64_t row = 0; row < n; ++row) {
+          int64_t row_gpu = gpu + row * r.gpu_pitch, row_host = host + row * r.host_pitch;
+          for (int64_t left = run.place; left > 0;) {
+            const int64_t bytes = std::min(left, layout.next_host_break(row_host) - row_host);
+            pages.gpu.push_back(row_gpu);
+            pages.host.push_back(row_host);
+            pages.size.push_back(bytes);
+            row_gpu += bytes;
+            row_host += bytes;
+            left -= bytes;
+          }
         }
       }
     }
-    out.gpu.resize(kept);
-    out.host.resize(kept);
-    out.width.resize(kept);
-    out.group.resize(kept);
   }
 }
 

@@ -31,21 +31,24 @@ struct GroupRows {
 
 GroupRows GroupRowsOf(const PageLayout& layout, int64_t g);
 
-// Copy i moves width[i] bytes in each of the rows of its group: row r between
+// Copy i moves width[i] bytes in each of rows[i] rows of its group: row r between
 // gpu[i] + r * gpu_pitch and host[i] + r * host_pitch.
 struct RowCopies {
-  std::vector<int64_t> gpu, host, width, group;
+  std::vector<int64_t> gpu, host, width, rows, group;
 };
 
 // Splits a validated job's segments (BuildSegments) between 2D copies and per-page DMA.
 // The pages of every group with rows[g].strided become row copies, blocks merged while
 // they follow each other on both sides and a row stays within its pitch, in the order of
-// where they land (host address for a store, GPU address for a load). A copy whose host
+// where they land (host address for a store, GPU address for a load). With
+// rows_per_copy > 0 a copy spans at most that many rows: the job's copies go band of rows
+// by band, by GPU address within one, so the copies in flight touch fewer GPU pages at a
+// time (docs/studies.md#strided-dma-beside-a-model). A copy whose host
 // rows would cross a host break goes row by row, cut at the breaks, appended to `pages`;
 // the segments of the other groups go to `rest`, for BuildPageDma.
 void BuildRowCopies(const PageLayout& layout, const std::vector<GroupRows>& rows,
                     const int64_t* block_ids, const std::vector<Segment>& segments,
-                    Direction direction, RowCopies& out, PageDma& pages,
+                    Direction direction, int64_t rows_per_copy, RowCopies& out, PageDma& pages,
                     std::vector<Segment>& rest);
 
 }  // namespace kvoffload

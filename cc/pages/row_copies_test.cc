@@ -110,7 +110,7 @@ void TestRowsMoveThePages(std::mt19937_64& rng) {
   auto pick = [&](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
-  int64_t row_copies = 0, merged = 0, cut = 0, rest = 0;
+  int64_t row_copies = 0, merged = 0, cut = 0, rest = 0, banded = 0;
   for (int trial = 0; trial < 400; ++trial) {
     const Case c = MakeCase(rng);
     PageLayout layout(c.refs, c.group_refs, c.gpu_blocks, c.cpu_chunks, c.bpc);
@@ -138,7 +138,10 @@ void TestRowsMoveThePages(std::mt19937_64& rng) {
     RowCopies copies;
     PageDma pages, others;
     std::vector<Segment> left;
-    BuildRowCopies(layout, rows, c.block_ids.data(), segments, direction, copies, pages, left);
+    // All rows a copy, or bands of 1 to 6 rows.
+    const int64_t rows_per_copy = trial % 3 == 0 ? 0 : pick(1, 6);
+    BuildRowCopies(layout, rows, c.block_ids.data(), segments, direction, rows_per_copy, copies, pages,
+                   left);
     BuildPageDma(layout, c.block_ids.data(), left, direction, others);
     for (size_t i = 0; i < others.gpu.size(); ++i) Expand(others.gpu[i], others.host[i], others.size[i], got);
     for (size_t i = 0; i < pages.gpu.size(); ++i) {
@@ -153,10 +156,13 @@ void TestRowsMoveThePages(std::mt19937_64& rng) {
       const int64_t page = layout.refs()[layout.first_ref(copies.group[i])].page_bytes;
       EXPECT(copies.width[i] % page == 0 && copies.width[i] <= r.gpu_pitch &&
              copies.width[i] <= r.host_pitch);
+      EXPECT(copies.rows[i] >= 1 && copies.rows[i] <= r.rows);
+      EXPECT(rows_per_copy == 0 ? copies.rows[i] == r.rows : copies.rows[i] <= rows_per_copy);
       EXPECT(layout.next_host_break(copies.host[i]) >=
-             copies.host[i] + (r.rows - 1) * r.host_pitch + copies.width[i]);
+             copies.host[i] + (copies.rows[i] - 1) * r.host_pitch + copies.width[i]);
       merged += copies.width[i] > page;
-      for (int64_t row = 0; row < r.rows; ++row) {
+      banded += copies.rows[i] < r.rows;
+      for (int64_t row = 0; row < copies.rows[i]; ++row) {
         Expand(copies.gpu[i] + row * r.gpu_pitch, copies.host[i] + row * r.host_pitch,
                copies.width[i], got);
       }
@@ -171,7 +177,7 @@ void TestRowsMoveThePages(std::mt19937_64& rng) {
     }
   }
   // The cases reach every branch.
-  EXPECT(row_copies > 500 && merged > 50 && cut > 20 && rest > 50);
+  EXPECT(row_copies > 500 && merged > 50 && cut > 20 && rest > 50 && banded > 100);
 }
 
 void TestWhyNot() {

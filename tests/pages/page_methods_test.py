@@ -66,6 +66,9 @@ def test_a_page_method_object_names_its_bad_options():
     for flag in ("strided", "row_batches"):
         with pytest.raises(TypeError, match=f"{flag}: expected a bool, got str"):
             page_methods.Pages(**{flag: "yes"})
+    with pytest.raises(ValueError, match="rows_per_copy: must be >= 0"):
+        page_methods.Pages(rows_per_copy=-1)
+    assert page_methods.Pages(rows_per_copy=np.int64(8)).rows_per_copy == 8
     assert page_methods.Pages(PagePath.DMA, ctas=4).name == "pages_dma"
     assert page_methods.Pages().name == "pages"
     assert page_methods.Pages.named("pages") == page_methods.Pages()

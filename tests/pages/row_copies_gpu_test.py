@@ -101,9 +101,11 @@ def test_one_allocation_moves_as_the_model_says(seed):
     for step in range(6):
         ids, chunk_ids, sizes, firsts = random_job(rng, cache, chunks, runs=step % 3 != 0)
         load = step % 2 == 1
-        # Every other pair of steps sends the 2D copies many to a driver call.
+        # Every other pair of steps sends the 2D copies many to a driver call; every third
+        # step cuts them into bands of one to three rows.
         result = table.copy(ids, chunk_ids, sizes, firsts, direction=LOAD if load else STORE, stream=stream,
-                            path=_C.PagePath.DMA, row_batches=(seed + step // 2) % 2 == 1)
+                            path=_C.PagePath.DMA, row_batches=(seed + step // 2) % 2 == 1,
+                            rows_per_copy=int(rng.integers(1, 4)) if step % 3 == 1 else 0)
         getattr(cache.model, "load" if load else "store")(ids, sizes, firsts, chunk_ids)
         assert result.bytes == sum(p * n * k for p, n, k in zip(pages, sizes, tensors))
         cache.check()
@@ -129,6 +131,17 @@ def test_runs_of_blocks_go_as_one_copy_and_separate_allocations_go_per_page():
     cache.model.store(ids, [16], [0], fresh)
     assert (result.path, result.copies, result.driver_calls) == ("rows", 1, 1)
     cache.check()
+    # Loaded in bands of four rows into blocks that hold other bytes: two copies (rows 0-3
+    # and 4-5), the run still merged in each.
+    into, source = np.arange(20, 32, dtype=np.int64), np.arange(8, 20, dtype=np.int64)
+    result = table.copy(into, source, [12], [0], direction=LOAD, stream=stream, path=_C.PagePath.DMA,
+                        rows_per_copy=4)
+    cache.model.load(into, [12], [0], source)
+    assert (result.path, result.copies) == ("rows", 2)
+    cache.check()
+    with pytest.raises(ValueError, match="rows_per_copy: must be >= 0"):
+        table.copy(ids, chunk_ids, [16], [0], direction=STORE, stream=stream, path=_C.PagePath.DMA,
+                   rows_per_copy=-1)
     # The same job per page: one batch call, six copies (one per layer, the run merged).
     result = table.copy(ids, chunk_ids, [16], [0], direction=LOAD, stream=stream, path=_C.PagePath.DMA,
                         strided=False)

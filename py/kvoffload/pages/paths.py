@@ -57,7 +57,8 @@ class Pages:
     every page is under ROWS_BELOW_PAGE_BYTES, DMA moves blocks by 2D copies
     (cc/pages/row_copies.h) from a chunk-major pool; False keeps to a copy per page. ``row_batches`` sends those 2D
     copies many to a driver call (cuMemcpy3DBatchAsync): a study until measured beside a
-    model. ``slots_in_l2`` holds its slots in persisting L2: a study, not a speed-up.
+    model. ``rows_per_copy``: 0, a 2D copy spans all of its group's rows; else at most that
+    many, the job's copies band by band (cc/pages/row_copies.h). ``slots_in_l2`` holds its slots in persisting L2: a study, not a speed-up.
     The device-wide set-aside it leaves slows a model's every step (docs/studies.md#the-ring-in-persisting-l2)."""
 
     path: PagePath | None = None
@@ -68,6 +69,7 @@ class Pages:
     slots_in_l2: bool = False
     strided: bool = True
     row_batches: bool = False
+    rows_per_copy: int = 0
     MAX_CTAS: ClassVar[int] = 1 << 16
 
     def __post_init__(self):
@@ -84,6 +86,7 @@ class Pages:
         for flag in ("strided", "row_batches"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{flag}: expected a bool, got {type(getattr(self, flag)).__name__}")
+        object.__setattr__(self, "rows_per_copy", require_int("rows_per_copy", self.rows_per_copy, 0, 1 << 31))
         if self.max_slowdown is not None:
             if self.path is not None:
                 raise ValueError(f"max_slowdown: chooses a path, and path {name(self.path)!r} is forced")
