@@ -217,7 +217,7 @@ int64_t EnqueueRows(const DevicePageTable& table, const RowCopies& copies, Direc
       cudaGetLastError();
       throw CudaError("cudaMemcpy2DAsync", cudaGetErrorName(status), status, -1,
                       "row copy " + std::to_string(i) + " of group " + std::to_string(copies.group[i]) +
-                           " (" + std::to_string(copies.width[i]) + " bytes x " + std::to_string(copies.rows[i]) +
+                          " (" + std::to_string(copies.width[i]) + " bytes x " + std::to_string(copies.rows[i]) +
                           " rows, GPU pitch " + std::to_string(r.gpu_pitch) + ", host pitch " +
                           std::to_string(r.host_pitch) + "): " + cudaGetErrorString(status) +
                           "; the job's other DMA and the " + std::to_string(i) +

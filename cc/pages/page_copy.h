@@ -75,8 +75,8 @@ struct PageCopyOptions {
   // driver has it and the stream is not the legacy one; else a cudaMemcpy2DAsync each.
   // A study until the meter says which costs a model less.
   bool row_batches = false;
-  // Rows a 2D copy spans: 0, all of its group's; else bands of that many rows, the job's
-  // copies band by band and by GPU address within one (BuildRowCopies).
+  // Rows a 2D copy spans: 0, all of its group's; else bands of that many rows, each
+  // group's copies band by band and by GPU address within one (BuildRowCopies).
   int64_t rows_per_copy = 0;
 };
 

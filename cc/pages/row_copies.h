@@ -41,8 +41,8 @@ struct RowCopies {
 // The pages of every group with rows[g].strided become row copies, blocks merged while
 // they follow each other on both sides and a row stays within its pitch, in the order of
 // where they land (host address for a store, GPU address for a load). With
-// rows_per_copy > 0 a copy spans at most that many rows: the job's copies go band of rows
-// by band, by GPU address within one, so the copies in flight touch fewer GPU pages at a
+// rows_per_copy > 0 a copy spans at most that many rows: each group's copies go band of
+// rows by band, by GPU address within one, so the copies in flight touch fewer GPU pages at a
 // time (docs/studies.md#strided-dma-beside-a-model). A copy whose host
 // rows would cross a host break goes row by row, cut at the breaks, appended to `pages`;
 // the segments of the other groups go to `rest`, for BuildPageDma.

@@ -167,6 +167,14 @@ void TestRowsMoveThePages(std::mt19937_64& rng) {
                copies.width[i], got);
       }
     }
+    // Banded, each group's copies go band by band and by GPU address within a band.
+    for (size_t i = 1; rows_per_copy > 0 && i < copies.gpu.size(); ++i) {
+      if (copies.group[i] != copies.group[i - 1]) continue;
+      const GroupRows& r = rows[copies.group[i]];
+      const int64_t base = layout.refs()[layout.first_ref(copies.group[i])].gpu_base;
+      auto band = [&](size_t k) { return (copies.gpu[k] - base) / r.gpu_pitch / rows_per_copy; };
+      EXPECT(band(i) > band(i - 1) || (band(i) == band(i - 1) && copies.gpu[i] > copies.gpu[i - 1]));
+    }
     row_copies += static_cast<int64_t>(copies.gpu.size());
     EXPECT(got == want);
     // Groups that are not strided keep all their segments for per-page DMA.

@@ -58,7 +58,8 @@ class Pages:
     (cc/pages/row_copies.h) from a chunk-major pool; False keeps to a copy per page. ``row_batches`` sends those 2D
     copies many to a driver call (cuMemcpy3DBatchAsync): a study until measured beside a
     model. ``rows_per_copy``: 0, a 2D copy spans all of its group's rows; else at most that
-    many, the job's copies band by band (cc/pages/row_copies.h). ``slots_in_l2`` holds its slots in persisting L2: a study, not a speed-up.
+    many, each group's copies band by band (cc/pages/row_copies.h). ``slots_in_l2`` holds
+    its slots in persisting L2: a study, not a speed-up.
     The device-wide set-aside it leaves slows a model's every step (docs/studies.md#the-ring-in-persisting-l2)."""
 
     path: PagePath | None = None
