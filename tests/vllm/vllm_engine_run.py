@@ -8,9 +8,10 @@ Options (see RunOptions): the model (``hybrid``: a sliding-window layer beside a
 one), offloading on or off, GPU blocks, the workload, and what is done to kvoffload in
 the engine: ``poison`` overwrites the pool before the last pass, ``fail_loads`` makes
 every load job fail inside kvoffload's lanes; ``tier`` runs KVOffloadTieringSpec with
-vLLM's ``fs`` tier, whose files ``poison_tier`` overwrites before the last pass. The result holds each pass's tokens, vLLM's
-metrics (``LLM.get_metrics``), kvoffload's own tally of the jobs it finished, and the
-error the engine raised, if any.
+vLLM's ``fs`` tier, whose files ``poison_tier`` overwrites before the last pass;
+``connector`` names the connector class. The result holds each pass's tokens, vLLM's
+metrics (``LLM.get_metrics``), the KV-cache layout vLLM resolved, kvoffload's own tally
+of the jobs it finished, and the error the engine raised, if any.
 
 The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the pool can
 be reached, except with ``multiprocessing``: then the worker is made in vLLM's engine
@@ -48,6 +49,7 @@ class RunOptions:
     tier: bool = False  # KVOffloadTieringSpec with vLLM's fs tier on tier_dir
     poison_tier: bool = False  # overwrite the fs tier's files before the last pass
     canonical: bool = False  # canonical_layout=True (with tier)
+    connector: str = "OffloadingConnector"  # or KVOffloadConnector (kvoffload.vllm)
 
 
 def write_model(model_dir: str, hybrid: bool) -> None:
@@ -292,6 +294,8 @@ def run(opts: RunOptions) -> dict:
         extra = {}
         if opts.load_failure_policy is not None:
             extra["kv_load_failure_policy"] = opts.load_failure_policy
+        if opts.connector != "OffloadingConnector":
+            extra["kv_connector_module_path"] = "kvoffload.vllm"
         connector = {"spec_name": spec, "spec_module_path": "vllm_engine_run",
                      "cpu_bytes_to_use": opts.cpu_bytes}
         if opts.tier:
@@ -300,7 +304,7 @@ def run(opts: RunOptions) -> dict:
             if opts.canonical:
                 connector["canonical_layout"] = True
         kwargs["kv_transfer_config"] = KVTransferConfig(
-            kv_connector="OffloadingConnector", kv_role="kv_both",
+            kv_connector=opts.connector, kv_role="kv_both",
             kv_connector_extra_config=connector, **extra)
         # vLLM's shared region of the tiering spec, which only a shutdown this run skips removes.
         REGION_FILES.append(f"/dev/shm/vllm_offload_{kwargs['kv_transfer_config'].engine_id}.mmap")
@@ -317,6 +321,7 @@ def run(opts: RunOptions) -> dict:
               disable_log_stats=False,
               **kwargs)
     result["startup_s"] = time.monotonic() - t0
+    result["kv_cache_layout"] = llm.llm_engine.vllm_config.cache_config.kv_cache_layout
     lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(passes[0])
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
     try:

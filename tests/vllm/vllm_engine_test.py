@@ -14,6 +14,8 @@ with Bazel's build of kvoffload on its PYTHONPATH. Each engine runs in a process
 - vLLM's tiering (KVOffloadTieringSpec) with its ``fs`` tier on a temporary folder:
   blocks evicted from kvoffload's pool to disk are promoted back and give the same
   tokens; overwritten tier files change them.
+- ``KVOffloadConnector`` (kvoffload.vllm.connector), which asks for ``BLHNC``: on the CPU
+  backend, which takes only ``LBHNC``, vLLM falls back to it and the engine runs.
 - A load that kvoffload reports failed: vLLM's OffloadingConnector does not support job
   failures (``assert transfer_result.success`` in its worker's get_finished, 0.32 and
   0.33 alike), so the engine dies and generate() raises EngineDeadError, whatever
@@ -130,6 +132,21 @@ def test_prefix_hits_from_the_pool_give_the_same_tokens_and_a_poisoned_pool_does
     _assert_stats_agree(on)
     if not hybrid:  # each hit token loads its bytes once (a sliding layer loads fewer)
         assert m["vllm:kv_offload_load_bytes"] == m["vllm:external_prefix_cache_hits"] * BLOCK_BYTES // BLOCK_SIZE
+
+
+def test_kvoffload_connector_asks_for_blhnc_and_runs_on_the_cpu_backends_layout():
+    # The CPU attention backend takes only LBHNC: vLLM drops the connector's BLHNC with a
+    # warning and the engine runs on LBHNC, with prefix hits served from the pool.
+    base = _succeeded(run(workload="prefix", offload=False, hybrid=False))
+    on, log = run_with_log(workload="prefix", hybrid=False, poison=True, connector="KVOffloadConnector")
+    _succeeded(on)
+    assert "KV connector cache layout BLHNC does not satisfy every supported set" in log, log[-4000:]
+    assert on["kv_cache_layout"] == "LBHNC" and base["kv_cache_layout"] == "LBHNC"
+    assert on["passes"][:2] == base["passes"][:2]
+    assert _differ(on["passes"][2], base["passes"][2]) == len(base["passes"][2]), \
+        "a poisoned pool left tokens unchanged: the loads were not used"
+    assert on["kvoffload"]["jobs"]["load"] >= 2
+    _assert_stats_agree(on)
 
 
 def test_preempted_requests_resume_from_the_pool():

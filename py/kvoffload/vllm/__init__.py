@@ -4,7 +4,9 @@
 ``KVOffloadSpec`` (kvoffload.vllm.spec) pulls in vLLM's config and scheduler side, so it
 is imported on first use. Select it with
 ``kv_connector_extra_config={"spec_name": "KVOffloadSpec", "spec_module_path": "kvoffload.vllm",
-"cpu_bytes_to_use": N}``.
+"cpu_bytes_to_use": N}``; with ``kv_connector="KVOffloadConnector",
+kv_connector_module_path="kvoffload.vllm"`` vLLM is also asked for the layout kvoffload
+moves fastest (kvoffload.vllm.connector).
 """
 
 import os as _os
@@ -44,6 +46,8 @@ def __getattr__(name):
         return KVOffloadSpec
     if name == "KVOffloadTieringSpec":  # vLLM's tiering on kvoffload's worker (kvoffload.vllm.tiering)
         return __import__("kvoffload.vllm.tiering", fromlist=[name]).KVOffloadTieringSpec
+    if name == "KVOffloadConnector":  # asks vLLM for the BLHNC layout (kvoffload.vllm.connector)
+        return __import__("kvoffload.vllm.connector", fromlist=[name]).KVOffloadConnector
     if name == "KVOffloadRegionWorker":  # on vLLM's SharedOffloadRegion (kvoffload.vllm.region_worker)
         return __import__("kvoffload.vllm.region_worker", fromlist=[name]).KVOffloadRegionWorker
     raise AttributeError(f"module 'kvoffload.vllm' has no attribute {name!r}")
