@@ -133,7 +133,9 @@ def batch_per_job():
 def page_method(method):
     """``pages_staged_ctasN`` (the ring's kernels on N CTAs), ``pages_dma_per_page`` (no 2D
     copies), ``pages_row_batches`` (2D copies in cuMemcpy3DBatchAsync calls), ``pages_rowsN`` (2D
-    copies of at most N rows, band by band), ``pages_staged_slotsMxN`` (a ring
+    copies of at most N rows, band by band; ``pages_row_batches_rowsN``, in cuMemcpy3DBatchAsync
+    calls; a ``_overlap`` suffix adds the driver's hint to overlap with compute),
+    ``pages_overlap`` and ``pages_row_batches_overlap`` (that hint alone), ``pages_staged_slotsMxN`` (a ring
     of N slots of M MiB; ``pages_staged_l2_slotsMxN`` holds them in persisting L2),
     ``pages_maxX`` (the path chosen within a max_slowdown of X by the page calibration), or a
     method name as it is."""
@@ -152,9 +154,12 @@ def page_method(method):
         return kv.Pages(kv.PagePath.DMA, strided=False)
     if method == "pages_row_batches":  # 2D copies many to a driver call
         return kv.Pages(row_batches=True)
-    rows = re.fullmatch(r"pages_rows(\d+)", method)
+    rows = re.fullmatch(r"pages(_row_batches)?_rows(\d+)(_overlap)?", method)
     if rows is not None:  # 2D copies of at most N rows, band by band
-        return kv.Pages(rows_per_copy=int(rows[1]))
+        return kv.Pages(rows_per_copy=int(rows[2]), row_batches=rows[1] is not None,
+                        prefer_overlap=rows[3] is not None)
+    if method in ("pages_overlap", "pages_row_batches_overlap"):  # the driver's hint to overlap with compute
+        return kv.Pages(row_batches="row_batches" in method, prefer_overlap=True)
     if method.startswith("pages_max"):
         try:
             return kv.Pages(max_slowdown=float(method[len("pages_max"):]))

@@ -58,6 +58,7 @@ void AttributeRuns(const CopyBatch& batch, int64_t begin, int64_t end,
     if (attrs.empty() || attrs.back().srcAccessOrder != order) {
       CUmemcpyAttributes attr = {};
       attr.srcAccessOrder = order;
+      if (batch.prefer_overlap) attr.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
       attrs.push_back(attr);
       first_copy.push_back(static_cast<size_t>(i - begin));
     }

@@ -23,6 +23,9 @@ struct CopyBatch {
   int64_t count = 0;
   // One SrcAccessOrder value per copy; nullptr means kStream for all.
   const uint8_t* order = nullptr;
+  // Every copy carries CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE, the driver's hint to
+  // overlap it with the SMs' work (a study: the driver may ignore it).
+  bool prefer_overlap = false;
 };
 
 // Throws std::invalid_argument naming the first offending copy ("sizes[3]: ...").

@@ -159,7 +159,7 @@ CUmemcpy3DOperand PitchedOperand(int64_t address, int64_t pitch) {
 // The row copies kCopiesPerDriverCall to a cuMemcpy3DBatchAsync call; returns the calls,
 // or -1 where the driver has no such call (nothing enqueued).
 int64_t EnqueueRowBatches(const DevicePageTable& table, const RowCopies& copies, Direction direction,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, bool prefer_overlap) {
   const Batch3D& api = Batch3DApi();
   if (api.v13000 == nullptr && api.v12080 == nullptr) return -1;
   thread_local std::vector<CUDA_MEMCPY3D_BATCH_OP> ops;
@@ -178,6 +178,7 @@ int64_t EnqueueRowBatches(const DevicePageTable& table, const RowCopies& copies,
       op.dst = store ? host : gpu;
       op.extent = CUextent3D{static_cast<size_t>(copies.width[i]), static_cast<size_t>(copies.rows[i]), 1};
       op.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+      if (prefer_overlap) op.flags = CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE;
     }
     size_t fail = 0;
     const CUresult status =
@@ -198,10 +199,10 @@ int64_t EnqueueRowBatches(const DevicePageTable& table, const RowCopies& copies,
 // The strided groups' row copies, one cudaMemcpy2DAsync each, or in batches
 // (PageCopyOptions::row_batches); returns the driver calls.
 int64_t EnqueueRows(const DevicePageTable& table, const RowCopies& copies, Direction direction,
-                    cudaStream_t stream, bool batches) {
+                    cudaStream_t stream, bool batches, bool prefer_overlap) {
   // The batch calls take no legacy stream.
   if (batches && stream != nullptr && stream != cudaStreamLegacy && !copies.gpu.empty()) {
-    const int64_t calls = EnqueueRowBatches(table, copies, direction, stream);
+    const int64_t calls = EnqueueRowBatches(table, copies, direction, stream, prefer_overlap);
     if (calls >= 0) return calls;
   }
   for (size_t i = 0; i < copies.gpu.size(); ++i) {
@@ -263,13 +264,15 @@ CopyResult DmaPageCopy(const DevicePageTable& table, const PageJob& job, Directi
   DeviceOf(direction, batch.src, batch.dst) = dma.gpu.data();
   batch.size = dma.size.data();
   batch.count = static_cast<int64_t>(dma.size.size());
+  batch.prefer_overlap = options.prefer_overlap;
   if (options.src_order != SrcAccessOrder::kStream) {
     order.assign(dma.size.size(), static_cast<uint8_t>(options.src_order));
     batch.order = order.data();
   }
   CopyResult result = BatchCopy(batch, stream);
   if (strided) {
-    result.driver_calls += EnqueueRows(table, rows, direction, stream, options.row_batches);
+    result.driver_calls += EnqueueRows(table, rows, direction, stream, options.row_batches,
+                                       options.prefer_overlap);
     result.copies += static_cast<int64_t>(rows.gpu.size());
     if (batch.count == 0) result.reason = PathReason::kStridedRows;
   }

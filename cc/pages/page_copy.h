@@ -78,6 +78,9 @@ struct PageCopyOptions {
   // Rows a 2D copy spans: 0, all of its group's; else bands of that many rows, each
   // group's copies band by band and by GPU address within one (BuildRowCopies).
   int64_t rows_per_copy = 0;
+  // The DMA path's copies (batch and 2D batch calls) carry the driver's hint to overlap
+  // with compute (CopyBatch::prefer_overlap): a study until measured beside a model.
+  bool prefer_overlap = false;
 };
 
 inline constexpr int kMaxRings = 4;  // each ring holds slots x slot_bytes of device memory

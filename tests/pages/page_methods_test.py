@@ -63,7 +63,7 @@ def test_a_page_method_object_names_its_bad_options():
     assert type(ring.slot_bytes) is int and type(ring.slots) is int and (ring.slot_bytes, ring.slots) == (1 << 20, 3)
     with pytest.raises(TypeError, match="slots_in_l2: expected a bool, got int"):
         page_methods.Pages(slots_in_l2=1)
-    for flag in ("strided", "row_batches"):
+    for flag in ("strided", "row_batches", "prefer_overlap"):
         with pytest.raises(TypeError, match=f"{flag}: expected a bool, got str"):
             page_methods.Pages(**{flag: "yes"})
     with pytest.raises(ValueError, match="rows_per_copy: must be >= 0"):

@@ -102,10 +102,11 @@ def test_one_allocation_moves_as_the_model_says(seed):
         ids, chunk_ids, sizes, firsts = random_job(rng, cache, chunks, runs=step % 3 != 0)
         load = step % 2 == 1
         # Every other pair of steps sends the 2D copies many to a driver call; every third
-        # step cuts them into bands of one to three rows.
+        # step cuts them into bands of one to three rows; some carry the hint to overlap.
         result = table.copy(ids, chunk_ids, sizes, firsts, direction=LOAD if load else STORE, stream=stream,
                             path=_C.PagePath.DMA, row_batches=(seed + step // 2) % 2 == 1,
-                            rows_per_copy=int(rng.integers(1, 4)) if step % 3 == 1 else 0)
+                            rows_per_copy=int(rng.integers(1, 4)) if step % 3 == 1 else 0,
+                            prefer_overlap=(seed + step) % 4 == 3)
         getattr(cache.model, "load" if load else "store")(ids, sizes, firsts, chunk_ids)
         assert result.bytes == sum(p * n * k for p, n, k in zip(pages, sizes, tensors))
         cache.check()

@@ -303,10 +303,10 @@ void BindPages(nb::module_& m) {
           [](PyPageTable& t, nb::handle b, nb::handle c, nb::handle g, nb::handle i, Direction direction,
              nb::handle stream, PagePath path, int max_ctas, int64_t slot_bytes, int slots, int ring,
              SrcAccessOrder src_order, bool slots_in_l2, bool strided, bool row_batches,
-             int64_t rows_per_copy) {
+             int64_t rows_per_copy, bool prefer_overlap) {
             return t.Copy(JobIds(b, c, g, i), direction, stream,
                           PageCopyOptions{path, max_ctas, slot_bytes, slots, slots_in_l2, ring, src_order,
-                                          strided, row_batches, rows_per_copy});
+                                          strided, row_batches, rows_per_copy, prefer_overlap});
           },
           nb::arg("block_ids"), nb::arg("chunk_ids"), nb::arg("group_sizes"),
           nb::arg("block_indices"), nb::arg("direction"), nb::arg("stream").none(),
@@ -315,16 +315,18 @@ void BindPages(nb::module_& m) {
           nb::arg("ring") = 0, nb::arg("src_order") = kPageDefaults.src_order,
           nb::arg("slots_in_l2") = kPageDefaults.slots_in_l2, nb::arg("strided") = kPageDefaults.strided,
           nb::arg("row_batches") = kPageDefaults.row_batches,
-          nb::arg("rows_per_copy") = kPageDefaults.rows_per_copy)
+          nb::arg("rows_per_copy") = kPageDefaults.rows_per_copy,
+          nb::arg("prefer_overlap") = kPageDefaults.prefer_overlap)
       .def(
           "copy_job",
           [](PyPageTable& t, const PreparedJob& job, Direction direction, nb::handle stream, PagePath path,
              int max_ctas, int64_t slot_bytes, int slots, int ring, SrcAccessOrder src_order,
-             bool slots_in_l2, bool strided, bool row_batches, int64_t rows_per_copy) {
+             bool slots_in_l2, bool strided, bool row_batches, int64_t rows_per_copy,
+             bool prefer_overlap) {
             t.RequireOwn(job);
             return t.Copy(job.ids, direction, stream,
                           PageCopyOptions{path, max_ctas, slot_bytes, slots, slots_in_l2, ring, src_order,
-                                          strided, row_batches, rows_per_copy},
+                                          strided, row_batches, rows_per_copy, prefer_overlap},
                           /*checked=*/true);
           },
           nb::arg("job"), nb::arg("direction"), nb::arg("stream").none(), nb::arg("path") = kPageDefaults.path,
@@ -332,7 +334,8 @@ void BindPages(nb::module_& m) {
           nb::arg("slots") = kPageDefaults.slots, nb::arg("ring") = 0,
           nb::arg("src_order") = kPageDefaults.src_order, nb::arg("slots_in_l2") = kPageDefaults.slots_in_l2,
           nb::arg("strided") = kPageDefaults.strided, nb::arg("row_batches") = kPageDefaults.row_batches,
-          nb::arg("rows_per_copy") = kPageDefaults.rows_per_copy)
+          nb::arg("rows_per_copy") = kPageDefaults.rows_per_copy,
+          nb::arg("prefer_overlap") = kPageDefaults.prefer_overlap)
       .def(
           "rows",
           [](PyPageTable& t, int device) { return t.Rows(device); }, nb::arg("device"),

@@ -145,7 +145,8 @@ class PageJobs:
         self._layout, self._table = layout, table
         self._ring = dict(max_ctas=method.ctas, slot_bytes=method.slot_bytes, slots=method.slots,
                           slots_in_l2=method.slots_in_l2, strided=choice.by_rows,
-                          row_batches=method.row_batches, rows_per_copy=method.rows_per_copy)
+                          row_batches=method.row_batches, rows_per_copy=method.rows_per_copy,
+                          prefer_overlap=method.prefer_overlap)
         self.paths = choice.paths
         cal = choice.cal
         gpu_spans, cpu_spans = table.spans()

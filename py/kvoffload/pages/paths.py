@@ -58,7 +58,8 @@ class Pages:
     (cc/pages/row_copies.h) from a chunk-major pool; False keeps to a copy per page. ``row_batches`` sends those 2D
     copies many to a driver call (cuMemcpy3DBatchAsync): a study until measured beside a
     model. ``rows_per_copy``: 0, a 2D copy spans all of its group's rows; else at most that
-    many, each group's copies band by band (cc/pages/row_copies.h). ``slots_in_l2`` holds
+    many, each group's copies band by band (cc/pages/row_copies.h). ``prefer_overlap``: DMA
+    copies carry the driver's hint to overlap with compute: a study. ``slots_in_l2`` holds
     its slots in persisting L2: a study, not a speed-up.
     The device-wide set-aside it leaves slows a model's every step (docs/studies.md#the-ring-in-persisting-l2)."""
 
@@ -71,6 +72,7 @@ class Pages:
     strided: bool = True
     row_batches: bool = False
     rows_per_copy: int = 0
+    prefer_overlap: bool = False
     MAX_CTAS: ClassVar[int] = 1 << 16
 
     def __post_init__(self):
@@ -84,7 +86,7 @@ class Pages:
         object.__setattr__(self, "slots", require_int("slots", self.slots, 2, _C.PAGE_MAX_SLOTS))
         if not isinstance(self.slots_in_l2, bool):
             raise TypeError(f"slots_in_l2: expected a bool, got {type(self.slots_in_l2).__name__}")
-        for flag in ("strided", "row_batches"):
+        for flag in ("strided", "row_batches", "prefer_overlap"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{flag}: expected a bool, got {type(getattr(self, flag)).__name__}")
         object.__setattr__(self, "rows_per_copy", require_int("rows_per_copy", self.rows_per_copy, 0, 1 << 31))
