@@ -1,7 +1,8 @@
 """kvoffload.vllm.KVOffloadConnector through vLLM 0.33's own layout resolution
 (resolve_kv_cache_layout): the connector's BLHNC is taken where every backend supports
 it, and dropped for the backends' first choice where one does not (as on vLLM's CPU
-backend, which tests/vllm/vllm_engine_test.py runs). VLLM_KV_CACHE_LAYOUT still wins."""
+backend, which tests/vllm/vllm_engine_test.py runs); canonical_layout keeps
+OffloadingConnector's. VLLM_KV_CACHE_LAYOUT still wins."""
 
 import types
 
@@ -18,7 +19,7 @@ from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
 from kvoffload.vllm import KVOffloadConnector
 
 
-def resolved(connector, supported, monkeypatch, env=None):
+def resolved(connector, supported, monkeypatch, env=None, extra=None):
     """The layout vLLM resolves for a model whose backends support ``supported``."""
     if env is None:
         monkeypatch.delenv("VLLM_KV_CACHE_LAYOUT", raising=False)
@@ -26,7 +27,7 @@ def resolved(connector, supported, monkeypatch, env=None):
         monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", env)
     path = None if connector == "OffloadingConnector" else "kvoffload.vllm"
     transfer = types.SimpleNamespace(kv_connector=connector, kv_connector_module_path=path,
-                                     kv_connector_extra_config={})
+                                     kv_connector_extra_config=extra or {})
     config = types.SimpleNamespace(cache_config=types.SimpleNamespace(kv_cache_layout=None),
                                    attention_config=types.SimpleNamespace(hisparse_config=None),
                                    kv_transfer_config=transfer)
@@ -55,3 +56,9 @@ def test_the_environment_variable_still_wins(monkeypatch):
     assert resolved("KVOffloadConnector", ["LBHNC", "BLHNC"], monkeypatch, env="LBHNC") == "LBHNC"
     with pytest.raises(ValueError, match="VLLM_KV_CACHE_LAYOUT=BLHNC does not satisfy"):
         resolved("KVOffloadConnector", ["LBHNC"], monkeypatch, env="BLHNC")
+
+
+def test_canonical_layout_keeps_offloading_connectors_layout(monkeypatch):
+    # vLLM's canonical per-layer pages refuse a packed (BLHNC) cache.
+    assert resolved("KVOffloadConnector", ["LBHNC", "BLHNC"], monkeypatch, extra={"canonical_layout": True}) == "LBHNC"
+    assert resolved("KVOffloadConnector", ["LBHNC", "BLHNC"], monkeypatch, extra={"canonical_layout": False}) == "BLHNC"

@@ -36,7 +36,7 @@ _check_vllm_version(getattr(_vllm, "__version__", "unknown"))
 
 from .worker import KVOffloadWorker  # noqa: E402 - after the version check
 
-__all__ = ["KVOffloadSpec", "KVOffloadWorker"]
+__all__ = ["KVOffloadConnector", "KVOffloadSpec", "KVOffloadWorker"]
 
 
 def __getattr__(name):

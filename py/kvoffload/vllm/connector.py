@@ -8,9 +8,15 @@ attention backend of the model supports it, and dropped with a warning otherwise
 CPU backend takes only ``LBHNC``). So, unlike the environment variable, which stops an
 engine whose backends lack the layout, this connector falls back to the backends' own
 first choice and the engine runs. Select it with
-``KVTransferConfig(kv_connector="KVOffloadConnector",
-kv_connector_module_path="kvoffload.vllm.connector", kv_connector_extra_config={...})``,
-the extra config as for OffloadingConnector (``spec_name``, ``spec_module_path``, ...).
+``KVTransferConfig(kv_connector="KVOffloadConnector", kv_connector_module_path="kvoffload.vllm",
+kv_connector_extra_config={...})``, the extra config as for OffloadingConnector
+(``spec_name``, ``spec_module_path``, ...).
+
+Not for: ``canonical_layout=True``, whose per-layer pages vLLM refuses on a packed cache
+(it then asks for what OffloadingConnector asks for); nor inside vLLM's MultiConnector
+beside a connector that asks for another layout (NIXL and Mooncake ask for LBHNC), which
+stops the engine with a layout mismatch, and which looks connectors up by registered
+name, which this one has not.
 """
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
@@ -23,6 +29,8 @@ class KVOffloadConnector(OffloadingConnector):
     """OffloadingConnector, asking for LAYOUT."""
 
     @classmethod
-    def get_required_kvcache_layout(cls, vllm_config) -> str:
-        del vllm_config
+    def get_required_kvcache_layout(cls, vllm_config) -> str | None:
+        transfer = vllm_config.kv_transfer_config
+        if (getattr(transfer, "kv_connector_extra_config", None) or {}).get("canonical_layout"):
+            return super().get_required_kvcache_layout(vllm_config)
         return LAYOUT
