@@ -11,7 +11,7 @@ import pytest
 
 from hostile import another_uid
 from kvoffload.pool.host_pool import HostPool, PoolOptions
-from kvoffload.pool.shm_file import SharedFile, unguessable_name
+from kvoffload.pool.shm_file import SharedFile, remove_leftovers, unguessable_name
 
 NBYTES = (3 << 20) + 100
 CTX = multiprocessing.get_context("spawn")
@@ -273,3 +273,33 @@ def test_unguessable_names_carry_a_secret_the_deciding_process_shares():
         unguessable_name("p", lambda name: "p-guessable")
     with pytest.raises(ValueError, match=r"prefix: at most 222 bytes"):
         unguessable_name("p" * 223)
+
+
+def test_remove_leftovers_removes_only_this_users_files_no_one_holds(tmp_path):
+    prefix = "kvoffload-test-left-"
+    left = tmp_path / f"{prefix}dead"
+    left.write_bytes(b"\x01" * 4096)
+    left.chmod(0o600)
+    held = SharedFile(f"{prefix}live", 4096, str(tmp_path))  # its lock, as a live process holds it
+    wide = tmp_path / f"{prefix}wide"
+    wide.write_bytes(b"\x02")
+    wide.chmod(0o644)  # not a file kvoffload made: left alone
+    target = tmp_path / "precious"
+    target.write_bytes(b"\x03")
+    target.chmod(0o600)
+    os.symlink(target, tmp_path / f"{prefix}link")
+    other = tmp_path / "kvoffload-other"
+    other.write_bytes(b"\x04")
+    other.chmod(0o600)
+    assert remove_leftovers(prefix, str(tmp_path)) == [f"{prefix}dead"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{prefix}live", f"{prefix}wide", f"{prefix}link", "precious", "kvoffload-other"])
+    assert target.read_bytes() == b"\x03"
+    assert held.close() is True  # still its file, removed by its last holder
+    assert remove_leftovers(prefix, str(tmp_path / "missing")) == []
+
+
+def test_a_killed_process_leaves_a_file_that_remove_leftovers_removes(name):
+    run_child(name, 7, crash=True)  # the child dies attached: its file stays named, held by no one
+    assert os.path.exists(f"/dev/shm/{name}")
+    assert remove_leftovers(name) == [name]

@@ -57,11 +57,11 @@ def test_the_factory_selects_the_spec_and_vllm_sizes_the_pool():
     worker.shutdown()
 
 
-def ranks_in_one_process(monkeypatch, ranks=2):
+def ranks_in_one_process(monkeypatch, ranks=2, timeout=60):
     """Ranks made in this process share a pool name as a TP group would (rank 0's) and wait
     for each other as its barrier does: make their workers together (in_threads)."""
     names = []
-    barrier = threading.Barrier(ranks, timeout=60)
+    barrier = threading.Barrier(ranks, timeout=timeout)
 
     def share(spec, name):
         names.append(name)
@@ -129,6 +129,42 @@ def test_replicated_layout_shares_one_pool_rank_0_stores_every_rank_loads(monkey
     for worker in workers:
         worker.shutdown()
     assert not os.path.exists(f"/dev/shm/{name}")  # the last one out removed it
+
+
+def test_a_rank_whose_worker_fails_releases_the_others_and_rank_0_removes_a_killed_engines_file(monkeypatch):
+    monkeypatch.setattr(CPUOffloadingSpec, "_uses_shared_region", lambda self: True)
+    # What an engine killed before its ranks had all mapped the pool leaves: a named file
+    # of this user that no one holds.
+    left = f"/dev/shm/{shared_pool_name(f'killed-{os.getpid()}')}-{'0' * 32}"
+    fd = os.open(left, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.ftruncate(fd, 4096)
+    os.close(fd)
+    ranks_in_one_process(monkeypatch, timeout=30)
+    engine = f"engine-{os.getpid()}-{time.monotonic_ns()}"
+    ranks = [KVOffloadSpec(config(world_size=2, rank=r, engine_id=engine, replicated_layout=True))
+             for r in range(2)]
+    rng = np.random.default_rng(5)
+    good = VllmCache(rng, ROWS, REFS, num_blocks=32)
+    refused = VllmCache(rng, ROWS, [[(0, 256), (1, 300)]], num_blocks=32)  # a page past its row
+    outcomes = [None, None]
+
+    def make(rank, cache):
+        try:
+            outcomes[rank] = ranks[rank].get_worker(cache.kv_caches)
+        except BaseException as e:  # noqa: BLE001 - checked below
+            outcomes[rank] = e
+
+    threads = [threading.Thread(target=make, args=(r, c)) for r, c in enumerate([good, refused])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Rank 1 failed on its own error and still joined the barrier: rank 0 went on (without
+    # the release it would have waited out the barrier and got BrokenBarrierError).
+    assert isinstance(outcomes[1], ValueError), outcomes[1]
+    assert isinstance(outcomes[0], KVOffloadWorker), outcomes[0]
+    assert not os.path.exists(left)
+    outcomes[0].shutdown()
 
 
 def test_canonical_layout_is_refused_naming_the_key():

@@ -231,3 +231,41 @@ class SharedFile:
             os.close(self.fd)
             self.fd = -1
         return removed
+
+
+def remove_leftovers(prefix: str, directory: str = SHM_DIR) -> list[str]:
+    """Removes the files under ``prefix`` that processes which died left: this user's
+    (mode 0600 at most), held by no one. A live process holds its shared file's lock
+    from before the file has its name until it leaves, so a named file no one holds is
+    a dead one's. Files of other users and files in use are left alone. Returns the
+    names removed."""
+    check_name(prefix, "prefix")
+    removed = []
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue  # gone, a symbolic link, or not ours to open
+        try:
+            st = os.fstat(fd)
+            if planted(st) is not None:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # in use
+            on_disk = os.stat(path, follow_symlinks=False)
+            if (on_disk.st_dev, on_disk.st_ino) == (st.st_dev, st.st_ino):
+                os.unlink(path)
+                removed.append(name)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
+

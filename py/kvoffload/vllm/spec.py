@@ -4,6 +4,7 @@ worker in place of vLLM's."""
 
 from __future__ import annotations
 
+import logging
 import re
 
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
@@ -13,12 +14,15 @@ from ..jobs.methods import method_object
 from ..pages.paths import Pages
 from ..pool.host_pool import PoolOptions
 from ..pool.layout import CPU_LAYOUTS
-from ..pool.shm_file import unguessable_name
+from ..pool.shm_file import SHM_DIR, remove_leftovers, unguessable_name
 from .worker import KVOffloadWorker
 
 # kv_connector_extra_config keys read here; anything else goes to vLLM's spec.
 HANDLER_OPTIONS = {"kvoffload_method": "method", "kvoffload_cpu_layout": "cpu_layout"}
 MAX_SLOWDOWN = "kvoffload_max_slowdown"  # with "kvoffload_method" "pages" (the default) or "auto"
+SHARED_POOL_PREFIX = "kvoffload-vllm-"  # shared_pool_name's
+
+logger = logging.getLogger(__name__)
 
 
 def handler_options(extra_config) -> dict:
@@ -68,7 +72,7 @@ def shared_pool_name(engine_id) -> str:
     """The start of the /dev/shm file that the ranks of one engine share under vLLM's
     replicated layout; rank 0 adds a secret suffix (unguessable_name) that it gives the
     others, so no other user can plant the file beforehand."""
-    return "kvoffload-vllm-" + re.sub(r"[^A-Za-z0-9_.-]", "_", str(engine_id))[:200]
+    return SHARED_POOL_PREFIX + re.sub(r"[^A-Za-z0-9_.-]", "_", str(engine_id))[:200]
 
 
 class KVOffloadSpec(CPUOffloadingSpec):
@@ -94,9 +98,20 @@ class KVOffloadSpec(CPUOffloadingSpec):
         options = handler_options(self.extra_config)
         if not self.replicated_layout:
             return KVOffloadWorker(kv_caches, self.blocks_per_chunk, self.num_chunks, **options)
+        if self.config.parallel.rank == 0:
+            # An engine killed before its ranks had all mapped the pool left its file
+            # named: no later engine takes that name again (its secret), so remove it here.
+            for left in remove_leftovers(SHARED_POOL_PREFIX):
+                logger.warning("kvoffload: removed %s/%s, a shared pool file a killed engine left", SHM_DIR, left)
         name = unguessable_name(shared_pool_name(self.config.engine_id), share=self._share_pool_name)
         options["host_pool"] = PoolOptions(shm_name=name)
-        worker = KVOffloadWorker(kv_caches, self.blocks_per_chunk, self.num_chunks, **options)
+        try:
+            worker = KVOffloadWorker(kv_caches, self.blocks_per_chunk, self.num_chunks, **options)
+        except BaseException:
+            # The other ranks wait for this one at the barrier: release them, so they go on
+            # to fail on their own rather than wait out the barrier's timeout.
+            self._ranks_attached()
+            raise
         try:
             # Once every rank has mapped it, the file needs no name: an engine that is
             # killed then leaves nothing in /dev/shm (vLLM unlinks its region so too).
