@@ -851,3 +851,38 @@ def test_a_store_to_part_of_a_chunk_a_failed_store_wrote_leaves_the_rest_partial
         (load,) = handler.get_finished()
         assert load.success or "left partial by failed store 'bad'" in load.error
     handler.shutdown()
+
+
+def test_wait_while_another_thread_shuts_down_waits_for_the_jobs(gated_failure):
+    # vLLM may wait for a job on one thread while another shuts the worker down.
+    _, gate = gated_failure
+    rng = np.random.default_rng(31)
+    handler, model = make_handler(rng, [256], [2], num_blocks=16, num_chunks=8, bpc=1, cpu_layout="chunk_major")
+    gate.clear()  # the store's host copy waits
+    assert handler.store("a", GPUSpec([3, 5], [2], [0]), CPUSpec([1, 2]))
+    outcomes = {}
+
+    def call(name, fn):
+        try:
+            fn()
+            outcomes[name] = None
+        except BaseException as e:  # noqa: BLE001 - checked below
+            outcomes[name] = e
+
+    closing = threading.Thread(target=call, args=("shutdown", handler.shutdown))
+    closing.start()
+    deadline = time.monotonic() + 30
+    while not handler._closing and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert handler._closing and not handler.shut_down
+    waiting = threading.Thread(target=call, args=("wait", lambda: handler.wait("a")))
+    waiting.start()
+    waiting.join(0.2)
+    assert waiting.is_alive(), "wait() returned before its job could run"
+    gate.set()
+    closing.join(30)
+    waiting.join(30)
+    assert outcomes == {"shutdown": None, "wait": None}
+    assert handler.shut_down
+    with pytest.raises(RuntimeError, match="the handler is shut down"):
+        handler.wait("a")

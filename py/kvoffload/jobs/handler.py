@@ -413,7 +413,8 @@ class OffloadHandler:
             raise TypeError(f"job_ids: expected a job id or an iterable of job ids: {e}") from None
         with self._lock:
             self._start_unstarted()
-            self._check_open()
+            if self._closed:  # while shutdown() runs, its jobs may still be waited for
+                raise RuntimeError("the handler is shut down")
             unknown = [] if ignore_unknown else [
                 job_id for job_id in ids
                 if job_id not in self._in_flight and job_id not in self._finished and job_id not in self._collected]

@@ -112,8 +112,11 @@ class KVOffloadWorker(OffloadingWorker):
         # Ids this worker never saw return at once, as in vLLM's CPUOffloadingWorker: under
         # the replicated layout vLLM's connector skips the stores of every rank but 0, then
         # waits for them on every rank (OffloadingConnectorWorker.handle_preemptions).
-        if not self.handler.shut_down:  # as vLLM's worker, whose wait() after shutdown returns
+        try:
             self.handler.wait(job_ids, ignore_unknown=True)
+        except RuntimeError:
+            if not self.handler.shut_down:  # as vLLM's worker, whose wait() after shutdown returns
+                raise
 
     def shutdown(self) -> None:
         self.handler.shutdown()
