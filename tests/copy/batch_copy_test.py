@@ -345,6 +345,12 @@ def test_host_copy_threads_are_capped_and_validated(rng):
     np.testing.assert_array_equal(dst, src)
     with pytest.raises(ValueError, match=r"threads: must be >= 0, got -1"):
         kv.host_copy([src.ctypes.data], [dst.ctypes.data], [n], threads=-1, registry=kv.UNCHECKED)
+    assert kv.host_copy([src.ctypes.data], [dst.ctypes.data], [n], threads=2**40,
+                        registry=kv.UNCHECKED).driver_calls == MAX_HOST_THREADS
+    for bad, error, message in ((True, TypeError, r"threads: expected an int, got bool"),
+                                (2.0, TypeError, r"threads: expected an int, got float")):
+        with pytest.raises(error, match=message):
+            kv.host_copy([src.ctypes.data], [dst.ctypes.data], [n], threads=bad, registry=kv.UNCHECKED)
 
 
 @pytest.mark.parametrize("case, message", [

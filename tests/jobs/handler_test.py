@@ -695,7 +695,7 @@ def test_a_load_submitted_as_a_failed_store_ends_fails(gated_failure, monkeypatc
 def test_wait_takes_one_id_or_a_collection_and_refuses_unknown_ids(gated_failure):
     handler, model = small_handler()
     _, gate = gated_failure
-    for one_id in ("job-1", ("s", 1), 7):
+    for one_id in ("job-1", ("s", 1), 7, frozenset({"r", 2})):
         gate.clear()
         assert handler.store(one_id, GPUSpec([0, 1], [2], [0]), CPUSpec([0]))
         waiter = threading.Thread(target=handler.wait, args=(one_id,))

@@ -306,6 +306,12 @@ def test_ids_of_any_integer_array_are_copied_as_int64():
     spec = GPUSpec(mine, [40], [0])
     mine[:] = -1  # the spec holds its own copy
     np.testing.assert_array_equal(spec.block_ids, ids)
+    # A masked array's masked entries would come through as ids: refused by name.
+    masked = np.ma.masked_array(ids, mask=rng.random(40) < 0.5)
+    with pytest.raises(TypeError, match=r"block_ids: a masked array's masked entries are no ids"):
+        GPUSpec(masked, [40], [0])
+    with pytest.raises(TypeError, match=r"chunk_ids: a masked array"):
+        CPUSpec(masked)
 
 
 def test_interleaved_tensors_are_not_an_overlap():

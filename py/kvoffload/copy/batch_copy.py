@@ -18,6 +18,7 @@ from typing import Any, Sequence, Union
 import numpy as np
 
 from .. import _C
+from ..util.arguments import require_int
 from ..util.vocabulary import Direction, MemoryKind
 from .registry import require_registry, tensor_span
 from .writable import require_writable
@@ -137,6 +138,9 @@ def host_copy(src: Int64Array, dst: Int64Array, sizes: Int64Array, threads: int 
     (0: the core count, at most 8; never more than ``MAX_HOST_THREADS``). Ranges must
     not overlap. A thread that cannot be started raises RuntimeError, nothing copied.
     """
+    if isinstance(threads, bool):
+        raise TypeError("threads: expected an int, got bool")
+    threads = min(require_int("threads", threads, 0), MAX_HOST_THREADS)
     src, dst, sizes = _checked(registry, src, dst, sizes, MemoryKind.HOST, MemoryKind.HOST)
     return _C.host_copy(src, dst, sizes, threads)
 

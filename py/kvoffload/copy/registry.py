@@ -210,8 +210,9 @@ class MemoryRegistry:
 
     def check(self, addresses, sizes, kind: MemoryKind | str | None, what: str = "copies") -> None:
         """Raises ValueError naming the first copy whose [address, address + size) is not
-        inside one registered region of ``kind`` (a MemoryKind, "device" or "host"; None: either),
-        or naming a watched tensor whose memory changed."""
+        inside registered memory of ``kind`` (a MemoryKind, "device" or "host"; None: either),
+        or naming a watched tensor whose memory changed. Regions of one kind and device that
+        touch or overlap are one run of memory: a copy may span them."""
         self.check_tensors()
         self._check(addresses, sizes, kind, what)
 

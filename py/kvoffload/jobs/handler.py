@@ -114,9 +114,9 @@ def _check_specs(gpu, cpu) -> None:
 
 
 def _one_id(job_ids) -> bool:
-    """A string or tuple is one job id, as is anything not iterable; lists, sets and
-    other iterables are several."""
-    return isinstance(job_ids, (str, bytes, tuple)) or not isinstance(job_ids, Iterable)
+    """A string, tuple or frozenset is one job id, as is anything not iterable; lists,
+    sets and other iterables are several."""
+    return isinstance(job_ids, (str, bytes, tuple, frozenset)) or not isinstance(job_ids, Iterable)
 
 
 def _check_job_id(job_id) -> None:
@@ -398,7 +398,7 @@ class OffloadHandler:
         return list(finished.values())
 
     def wait(self, job_ids: Hashable | Iterable[Hashable], *, ignore_unknown: bool = False) -> None:
-        """Blocks until these jobs are done: one job id (a string or tuple is one id), or
+        """Blocks until these jobs are done: one job id (a string, tuple or frozenset is one id), or
         a list or set of them. Jobs already done return at once: those not yet collected,
         and those among the last ``COLLECTED_IDS_KEPT`` that get_finished() reported (the
         handler keeps no more, so that its memory does not grow with the jobs run). Any

@@ -32,6 +32,9 @@ def _int64_vector(name: str, values) -> np.ndarray:
     """Ids, checked as every int64 array argument is (kvoffload._C.int64_vector, its
     messages), and copied; ids are small, so an integer array of another dtype or layout,
     or a list, is converted to int64 first."""
+    if isinstance(values, np.ma.MaskedArray):  # asarray would drop the mask, keeping masked ids
+        raise TypeError(f"{name}: a masked array's masked entries are no ids; pass the ids kept "
+                        "(e.g. values.compressed())")
     try:
         array = np.asarray(values)
     except (TypeError, ValueError, RuntimeError):
