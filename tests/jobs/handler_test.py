@@ -268,6 +268,31 @@ def test_read_only_memory_is_refused_by_name(tmp_path, which):
     handler.shutdown()
 
 
+def test_handlers_share_a_named_pool_only_with_one_layout():
+    import os
+    import uuid
+    options = kvoffload.pool.host_pool.PoolOptions(shm_name=f"kvoffload-test-{uuid.uuid4().hex}")
+    rng = np.random.default_rng(41)
+    a, model = make_handler(rng, [256], [2], num_blocks=16, num_chunks=8, bpc=1, cpu_layout="chunk_major",
+                            host_pool=options)
+    b, _ = make_handler(rng, [256], [2], num_blocks=16, num_chunks=8, bpc=1, cpu_layout="chunk_major",
+                        host_pool=options)  # the same layout (as ranks of one engine): one pool
+    # Two tensors of 256 or one of 512: the same bytes, read another way.
+    with pytest.raises(ValueError, match=r"shm_name: .* holds another pool \(kvoffload pool [0-9a-f]{16}: 1 groups, "
+                                         r"2 tensors, chunks \[8\] of 1 blocks, chunk_major\); this one is "
+                                         r"kvoffload pool [0-9a-f]{16}: 1 groups, 1 tensors"):
+        make_handler(rng, [512], [1], num_blocks=16, num_chunks=8, bpc=1, cpu_layout="chunk_major",
+                     host_pool=options)
+    run_job(a, model, "s", "store", [1, 4], [2], [0], [2, 5])
+    b.load("l", CPUSpec([2, 5]), GPUSpec([7, 9], [2], [0]))
+    b.wait("l")
+    for t_a, t_b in zip(a.gpu_tensors[0], b.gpu_tensors[0]):  # b loaded what a stored
+        assert torch.equal(t_b[[7, 9]], t_a[[1, 4]])
+    a.shutdown()
+    b.shutdown()
+    assert not os.path.exists(f"/dev/shm/{options.shm_name}")
+
+
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(page_bytes=32), TypeError, r"page_bytes: expected one entry per group \(an int or one per tensor\), got 32"),
     (dict(page_bytes=[True]), TypeError, r"page_bytes\[0\]: expected an int or one per tensor, got True"),

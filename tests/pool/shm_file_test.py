@@ -303,3 +303,15 @@ def test_a_killed_process_leaves_a_file_that_remove_leftovers_removes(name):
     run_child(name, 7, crash=True)  # the child dies attached: its file stays named, held by no one
     assert os.path.exists(f"/dev/shm/{name}")
     assert remove_leftovers(name) == [name]
+
+
+def test_a_file_that_holds_another_pool_is_refused_naming_both(name):
+    first = SharedFile(name, 4096, tag="pool A: 2 tensors")
+    again = SharedFile(name, 4096, tag="pool A: 2 tensors")  # the same pool: attached
+    assert not again.created and again.close() is False
+    with pytest.raises(ValueError, match=rf"shm_name: /dev/shm/{name} holds another pool \(pool A: 2 tensors\); "
+                                         r"this one is pool B: 1 tensor: two pools under one name"):
+        SharedFile(name, 4096, tag="pool B: 1 tensor")
+    with pytest.raises(ValueError, match=r"holds 8192 bytes, this pool needs 4096"):
+        SharedFile(name, 4096)  # untagged: the size tells
+    assert first.close() is True

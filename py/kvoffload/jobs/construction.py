@@ -4,6 +4,8 @@ host_buffer taken), registered and laid out."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Iterable
 
 from ..copy.registry import tensor_span
@@ -89,6 +91,19 @@ def register_gpu_tensors(registry, gpu_tensors) -> None:
                     registry.register_tensor(f"gpu_tensors[{g}][{i}]", t)
 
 
+def pool_tag(pages, num_cpu_chunks, blocks_per_chunk, cpu_layout, owners) -> str:
+    """What a pool of this layout holds, in a few words and a digest of the whole: handlers
+    that share a pool by name (shm_name) must agree on it. Of the owners only which
+    references share a tensor counts: each rank has its own GPU addresses."""
+    first = {}
+    shared = [[first.setdefault(owner, (g, i)) for i, owner in enumerate(group)] for g, group in enumerate(owners)]
+    whole = json.dumps([pages, num_cpu_chunks, blocks_per_chunk, cpu_layout, shared])
+    digest = hashlib.sha256(whole.encode()).hexdigest()[:16]
+    tensors = sum(len(group) for group in pages)
+    return (f"kvoffload pool {digest}: {len(pages)} groups, {tensors} tensors, chunks {num_cpu_chunks} "
+            f"of {blocks_per_chunk} blocks, {cpu_layout}")[:1024]
+
+
 def pool_and_layout(registry, gpu_tensors, pages, num_cpu_chunks, blocks_per_chunk, cpu_layout,
                      host_buffer, cpu_places, options, device) -> tuple[HostPool, KVLayout]:
     """The pool (made here, or the caller's host_buffer), registered, and the layout of
@@ -104,7 +119,8 @@ def pool_and_layout(registry, gpu_tensors, pages, num_cpu_chunks, blocks_per_chu
                                         host_buffer.numel() * host_buffer.element_size())
         runs = ()
     pool = HostPool(need, buffer=host_buffer, pinned=device.type == "cuda", device=device.index or 0,
-                    options=options, chunk_runs=runs)
+                    options=options, chunk_runs=runs,
+                    layout=pool_tag(pages, num_cpu_chunks, blocks_per_chunk, cpu_layout, owners))
     try:
         shared = registry.overlapping(*tensor_span(pool.tensor))  # all of a host_buffer
         if shared:

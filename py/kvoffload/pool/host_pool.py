@@ -93,16 +93,18 @@ class HostPool:
 
     pinned=False (machines without a GPU) maps and touches the memory but registers
     nothing. device: the CUDA device whose NUMA node the pool goes on. chunk_runs: the
-    runs no registration may end inside (``chunk_runs()``). ``release()`` unregisters
-    and unmaps everything, also after a failure.
+    runs no registration may end inside (``chunk_runs()``). layout: what the pool holds,
+    for a shared pool (``shm_name``): attaching to a file that holds another is refused.
+    ``release()`` unregisters and unmaps everything, also after a failure.
     """
 
     def __init__(self, nbytes: int, *, buffer=None, pinned: bool = True, device: int = 0,
-                 chunk_runs: Sequence[ChunkRun] = (), options: PoolOptions | None = None):
+                 chunk_runs: Sequence[ChunkRun] = (), options: PoolOptions | None = None, layout: str = ""):
         if not is_int(nbytes) or nbytes < 0:
             raise ValueError(f"nbytes: expected an int >= 0, got {nbytes!r}")
         self.nbytes = int(nbytes)
         self.options = options if options is not None else PoolOptions()
+        self.layout = layout
         self.device = device
         self.pinned = pinned
         self._pid = os.getpid()  # a forked child's copy leaves the registrations to this process
@@ -157,7 +159,7 @@ class HostPool:
                           "cudaHostAlloc, in the foreground, on no chosen NUMA node", RuntimeWarning,
                           stacklevel=3)
         self.memory = PoolMemory(self.nbytes, opts.shm_name, opts.huge_pages,
-                                 self.device if host_alloc else None)
+                                 self.device if host_alloc else None, shm_tag=self.layout)
         self.base = self.memory.base
         if host_alloc:
             self._pinned_bytes = self.nbytes

@@ -83,7 +83,7 @@ class PoolMemory:
     """``nbytes`` of host memory for a pool (``array``, ``base``, ``mapped_bytes``).
 
     shm_name: the pool is the file of that name under ``shm_dir``, shared with other
-    processes (see kvoffload.pool.shm_file). huge_pages: "off", "thp" (madvise(MADV_HUGEPAGE)),
+    processes (see kvoffload.pool.shm_file), ``shm_tag`` saying what it holds. huge_pages: "off", "thp" (madvise(MADV_HUGEPAGE)),
     or "hugetlb" (reserved 2 MiB pages; anonymous pools only), falling back to the next
     with a RuntimeWarning; "auto" is "thp" where the machine has transparent huge pages
     and "off" elsewhere, without a warning. host_alloc_device: allocate with cudaHostAlloc for this device
@@ -91,7 +91,7 @@ class PoolMemory:
     """
 
     def __init__(self, nbytes: int, shm_name: str | None = None, huge_pages: str = "off",
-                 host_alloc_device: int | None = None, shm_dir: str = SHM_DIR):
+                 host_alloc_device: int | None = None, shm_dir: str = SHM_DIR, shm_tag: str = ""):
         if huge_pages not in HUGE_PAGES:
             raise ValueError(f"huge_pages: expected one of {HUGE_PAGES}, got {huge_pages!r}")
         if huge_pages == "hugetlb" and shm_name is not None:
@@ -109,14 +109,14 @@ class PoolMemory:
             self.mapped_bytes = round_up(nbytes, PAGE)
             self._array = _host_alloc_array(self.mapped_bytes, host_alloc_device)
         else:
-            self._array = self._map(shm_name, shm_dir)
+            self._array = self._map(shm_name, shm_dir, shm_tag)
         self.base = self._array.ctypes.data
 
     @property
     def array(self) -> np.ndarray:
         return self._array[:self.nbytes]
 
-    def _map(self, shm_name, shm_dir) -> np.ndarray:
+    def _map(self, shm_name, shm_dir, shm_tag) -> np.ndarray:
         if self.huge_pages == "hugetlb":
             self.mapped_bytes = round_up(self.nbytes, HUGE_PAGE)
             require_available(self.mapped_bytes)
@@ -132,7 +132,7 @@ class PoolMemory:
             require_available(self.mapped_bytes)
             self._mmap = _mapped(self.mapped_bytes)
         else:
-            self.shared_file = SharedFile(shm_name, self.mapped_bytes, shm_dir)
+            self.shared_file = SharedFile(shm_name, self.mapped_bytes, shm_dir, shm_tag)
             try:
                 if self.shared_file.created:
                     require_available(self.mapped_bytes)

@@ -32,6 +32,7 @@ from typing import Callable
 SHM_DIR = "/dev/shm"
 NAME_MAX = 255  # bytes of one file name (Linux)
 _SECRET_HEX = 32  # 128 bits
+TAG_BYTES = 4096  # after the pool's bytes: what the pool holds (SharedFile's tag)
 
 
 def check_name(name, field: str = "shm_name") -> str:
@@ -98,14 +99,20 @@ def planted(st: os.stat_result) -> str | None:
 class SharedFile:
     """The file ``name`` in ``directory``, ``nbytes`` long, open and locked (shared).
 
-    ``created`` says whether this process made it. ``close()`` returns whether it
-    removed it.
+    ``tag``: what the pool holds (its layout), at most TAG_BYTES of text kept after the
+    ``nbytes`` in a file this process makes; attaching to a file whose tag differs is
+    refused, naming both, as two pools of different layouts under one name would read
+    each other's bytes as their own. ``created`` says whether this process made it.
+    ``close()`` returns whether it removed it.
     """
 
-    def __init__(self, name: str, nbytes: int, directory: str = SHM_DIR):
+    def __init__(self, name: str, nbytes: int, directory: str = SHM_DIR, tag: str = ""):
         check_name(name)
         self.path = os.path.join(directory, name)
         self.nbytes = nbytes
+        self.tag = tag.encode()
+        if len(self.tag) > TAG_BYTES:
+            raise ValueError(f"tag: at most {TAG_BYTES} bytes, got {len(self.tag)}")
         self.created = False
         self.fd = -1
         self.pid = os.getpid()  # the process whose lock this is
@@ -158,10 +165,17 @@ class SharedFile:
         if not linked:  # the last one out removed it while we opened it
             os.close(fd)
             return False
-        if size != self.nbytes:
+        want = self.nbytes + (TAG_BYTES if self.tag else 0)
+        if size != want:
             os.close(fd)
-            raise ValueError(f"shm_name: {self.path} holds {size} bytes, this pool needs "
-                             f"{self.nbytes}")
+            raise ValueError(f"shm_name: {self.path} holds {size} bytes, this pool needs {want}")
+        if self.tag:
+            theirs = os.pread(fd, TAG_BYTES, self.nbytes).rstrip(b"\0")
+            if theirs != self.tag:
+                os.close(fd)
+                raise ValueError(f"shm_name: {self.path} holds another pool ({theirs.decode(errors='replace')}); "
+                                 f"this one is {self.tag.decode()}: two pools under one name would read "
+                                 "each other's bytes")
         self.fd = fd
         return True
 
@@ -169,7 +183,7 @@ class SharedFile:
         directory = os.path.dirname(self.path)
         stat_fs = os.statvfs(directory)
         free = stat_fs.f_bavail * stat_fs.f_frsize
-        if free < self.nbytes:
+        if free < self.nbytes + TAG_BYTES:
             raise OSError(errno.ENOSPC, f"{directory} has {free} bytes free, the pool needs "
                           f"{self.nbytes}", self.path)
         # Not derived from the name, which may be as long as a name can be.
@@ -177,7 +191,9 @@ class SharedFile:
         fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             os.fchmod(fd, 0o600)  # whatever the umask
-            os.ftruncate(fd, self.nbytes)
+            os.ftruncate(fd, self.nbytes + (TAG_BYTES if self.tag else 0))
+            if self.tag:
+                os.pwrite(fd, self.tag, self.nbytes)
             fcntl.flock(fd, fcntl.LOCK_SH)
             os.link(temporary, self.path)
         except FileExistsError:
