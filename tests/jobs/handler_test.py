@@ -911,3 +911,12 @@ def test_wait_while_another_thread_shuts_down_waits_for_the_jobs(gated_failure):
     assert handler.shut_down
     with pytest.raises(RuntimeError, match="the handler is shut down"):
         handler.wait("a")
+
+
+def test_numpy_integers_are_taken_as_counts():
+    rng = np.random.default_rng(43)
+    handler, model = make_handler(rng, [128], [2], num_blocks=np.int64(16), num_chunks=np.int32(8),
+                                  bpc=np.int64(2), cpu_layout="chunk_major")
+    run_job(handler, model, "s", "store", [3, 4, 9], [3], [0], [1, 6])
+    run_job(handler, model, "l", "load", [0, 1, 2], [3], [0], [1, 6])
+    handler.shutdown()

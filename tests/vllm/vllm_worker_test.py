@@ -192,3 +192,23 @@ def test_malformed_specs_are_refused_naming_the_job_and_the_vllm_field():
 def test_caches_of_no_tensors_or_bool_fields_are_refused_naming_the_field(kv_caches, error, message):
     with pytest.raises(error, match=message):
         KVOffloadWorker(kv_caches(), 2, 4)
+
+
+def test_wait_takes_any_collection_of_ids_and_waits_for_each(monkeypatch):
+    rng = np.random.default_rng(6)
+    cache = VllmCache(rng, [64], [[(0, 64)]], num_blocks=8)
+    worker = KVOffloadWorker(cache.kv_caches, 1, 8)
+    gate = Gate(monkeypatch)
+    gate.blocked.add(cache.tensors[0][3].data_ptr())
+    for job_id, ids in ((7, frozenset({7})), (8, [8]), (9, (9,))):
+        gate._open.clear()
+        assert worker.submit_load(job_id, CPULoadStoreSpec([0]), GPULoadStoreSpec([3], [1], [0]))  # held
+        waiting = threading.Thread(target=worker.wait, args=(ids,))
+        waiting.start()
+        waiting.join(0.2)
+        assert waiting.is_alive(), f"wait({ids!r}) returned while its job was held"
+        gate.release()
+        waiting.join(30)
+        assert not waiting.is_alive()
+        assert [r.job_id for r in worker.get_finished()] == [job_id]
+    worker.shutdown()

@@ -97,7 +97,7 @@ def pool_tag(pages, num_cpu_chunks, blocks_per_chunk, cpu_layout, owners) -> str
     references share a tensor counts: each rank has its own GPU addresses."""
     first = {}
     shared = [[first.setdefault(owner, (g, i)) for i, owner in enumerate(group)] for g, group in enumerate(owners)]
-    whole = json.dumps([pages, num_cpu_chunks, blocks_per_chunk, cpu_layout, shared])
+    whole = json.dumps([pages, num_cpu_chunks, blocks_per_chunk, cpu_layout, shared], default=int)
     digest = hashlib.sha256(whole.encode()).hexdigest()[:16]
     tensors = sum(len(group) for group in pages)
     return (f"kvoffload pool {digest}: {len(pages)} groups, {tensors} tensors, chunks {num_cpu_chunks} "

@@ -196,7 +196,7 @@ class OffloadHandler:
         import torch
 
         gpu_tensors = construction.tensor_groups(torch, gpu_tensors)
-        require_int("blocks_per_chunk", blocks_per_chunk, 1)
+        blocks_per_chunk = require_int("blocks_per_chunk", blocks_per_chunk, 1)
         device = construction.one_device(gpu_tensors)
         num_cpu_chunks = construction.chunks_per_group(num_cpu_chunks, len(gpu_tensors))
         construction.check_options(torch, host_buffer, host_pool, expedited_loads, cpu_layout, cpu_places)

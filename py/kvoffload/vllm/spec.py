@@ -101,17 +101,24 @@ class KVOffloadSpec(CPUOffloadingSpec):
         if self.config.parallel.rank == 0:
             # An engine killed before its ranks had all mapped the pool left its file
             # named: no later engine takes that name again (its secret), so remove it here.
-            for left in remove_leftovers(SHARED_POOL_PREFIX):
-                logger.warning("kvoffload: removed %s/%s, a shared pool file a killed engine left", SHM_DIR, left)
+            try:
+                for left in remove_leftovers(SHARED_POOL_PREFIX):
+                    logger.warning("kvoffload: removed %s/%s, a shared pool file a killed engine left",
+                                   SHM_DIR, left)
+            except OSError as e:  # best effort: the other ranks wait for this one's name
+                logger.warning("kvoffload: could not look for shared pool files killed engines left: %s", e)
         name = unguessable_name(shared_pool_name(self.config.engine_id), share=self._share_pool_name)
         options["host_pool"] = PoolOptions(shm_name=name)
         try:
             worker = KVOffloadWorker(kv_caches, self.blocks_per_chunk, self.num_chunks, **options)
-        except BaseException:
+        except BaseException as failure:
             # The other ranks wait for this one at the barrier: release them, so they go on
             # to fail on their own rather than wait out the barrier's timeout.
-            self._ranks_attached()
-            raise
+            try:
+                self._ranks_attached()
+            except BaseException as e:  # noqa: BLE001 - the worker's failure is the one to raise
+                logger.warning("kvoffload: the barrier after this rank's failure failed too: %s", e)
+            raise failure
         try:
             # Once every rank has mapped it, the file needs no name: an engine that is
             # killed then leaves nothing in /dev/shm (vLLM unlinks its region so too).

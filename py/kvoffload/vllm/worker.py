@@ -113,7 +113,7 @@ class KVOffloadWorker(OffloadingWorker):
         # the replicated layout vLLM's connector skips the stores of every rank but 0, then
         # waits for them on every rank (OffloadingConnectorWorker.handle_preemptions).
         try:
-            self.handler.wait(job_ids, ignore_unknown=True)
+            self.handler.wait(list(job_ids), ignore_unknown=True)  # a frozenset is several ids here
         except RuntimeError:
             if not self.handler.shut_down:  # as vLLM's worker, whose wait() after shutdown returns
                 raise
