@@ -136,9 +136,11 @@ def test_a_rank_whose_worker_fails_releases_the_others_and_rank_0_removes_a_kill
     # What an engine killed before its ranks had all mapped the pool leaves: a named file
     # of this user that no one holds.
     left = f"/dev/shm/{shared_pool_name(f'killed-{os.getpid()}')}-{'0' * 32}"
-    fd = os.open(left, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    os.ftruncate(fd, 4096)
-    os.close(fd)
+    unnamed = f"/dev/shm/.kvoffload-{os.getpid()}-killed-while-made.tmp"  # killed before it had its name
+    for path in (left, unnamed):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.ftruncate(fd, 4096)
+        os.close(fd)
     ranks_in_one_process(monkeypatch, timeout=30)
     engine = f"engine-{os.getpid()}-{time.monotonic_ns()}"
     ranks = [KVOffloadSpec(config(world_size=2, rank=r, engine_id=engine, replicated_layout=True))
@@ -163,7 +165,7 @@ def test_a_rank_whose_worker_fails_releases_the_others_and_rank_0_removes_a_kill
     # the release it would have waited out the barrier and got BrokenBarrierError).
     assert isinstance(outcomes[1], ValueError), outcomes[1]
     assert isinstance(outcomes[0], KVOffloadWorker), outcomes[0]
-    assert not os.path.exists(left)
+    assert not os.path.exists(left) and not os.path.exists(unnamed)
     outcomes[0].shutdown()
 
 

@@ -5,8 +5,9 @@ attach, the last one out removes it.
 Every process holds a shared flock on the file while attached; the one that can turn
 its lock exclusive on leaving is the last and removes the file. The kernel drops the
 locks of a process that dies, so a crash never blocks the others. A file is created
-under a temporary name, sized, locked, and then linked to its name, so no process ever
-attaches to a file not yet sized.
+under a temporary name, locked, sized, and then linked to its name, so no process ever
+attaches to a file not yet sized, and a file no one holds is a dead process's
+(``remove_leftovers``).
 
 /dev/shm is shared by every user of the machine, so a file found under the name is
 attached only if it is a regular file (not a symbolic link: opened with O_NOFOLLOW), of
@@ -33,6 +34,7 @@ SHM_DIR = "/dev/shm"
 NAME_MAX = 255  # bytes of one file name (Linux)
 _SECRET_HEX = 32  # 128 bits
 TAG_BYTES = 4096  # after the pool's bytes: what the pool holds (SharedFile's tag)
+TEMPORARY_PREFIX = ".kvoffload-"  # a file being made, before it has its name
 
 
 def check_name(name, field: str = "shm_name") -> str:
@@ -187,14 +189,14 @@ class SharedFile:
             raise OSError(errno.ENOSPC, f"{directory} has {free} bytes free, the pool needs "
                           f"{self.nbytes}", self.path)
         # Not derived from the name, which may be as long as a name can be.
-        temporary = os.path.join(directory, f".kvoffload-{secrets.token_hex(16)}.tmp")
+        temporary = os.path.join(directory, f"{TEMPORARY_PREFIX}{secrets.token_hex(16)}.tmp")
         fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # from the start: remove_leftovers leaves held files
             os.fchmod(fd, 0o600)  # whatever the umask
             os.ftruncate(fd, self.nbytes + (TAG_BYTES if self.tag else 0))
             if self.tag:
                 os.pwrite(fd, self.tag, self.nbytes)
-            fcntl.flock(fd, fcntl.LOCK_SH)
             os.link(temporary, self.path)
         except FileExistsError:
             os.close(fd)

@@ -14,7 +14,7 @@ from ..jobs.methods import method_object
 from ..pages.paths import Pages
 from ..pool.host_pool import PoolOptions
 from ..pool.layout import CPU_LAYOUTS
-from ..pool.shm_file import SHM_DIR, remove_leftovers, unguessable_name
+from ..pool.shm_file import SHM_DIR, TEMPORARY_PREFIX, remove_leftovers, unguessable_name
 from .worker import KVOffloadWorker
 
 # kv_connector_extra_config keys read here; anything else goes to vLLM's spec.
@@ -102,7 +102,7 @@ class KVOffloadSpec(CPUOffloadingSpec):
             # An engine killed before its ranks had all mapped the pool left its file
             # named: no later engine takes that name again (its secret), so remove it here.
             try:
-                for left in remove_leftovers(SHARED_POOL_PREFIX):
+                for left in remove_leftovers(SHARED_POOL_PREFIX) + remove_leftovers(TEMPORARY_PREFIX):
                     logger.warning("kvoffload: removed %s/%s, a shared pool file a killed engine left",
                                    SHM_DIR, left)
             except OSError as e:  # best effort: the other ranks wait for this one's name
