@@ -323,6 +323,9 @@ class TestCopyBlocks:
             ((src, dst, np.zeros(4, np.int64)), ValueError, r"block_mapping: expected a 2-D array, got 1-D"),
             ((src, dst, [[0, 0]]), TypeError, r"block_mapping: expected a 2-D int64 array"),
             (("src", dst, ok), TypeError, r"src: expected a DLPack tensor"),
+            ((src.astype(">f4"), dst, ok), TypeError, r"src: dtype >f4 is not in this machine's byte order"),
+            ((src, dst.astype(">f4"), ok), TypeError, r"dst: dtype >f4 is not in this machine's byte order"),
+            ((np.zeros(src.shape, "V4"), dst, ok), TypeError, r"src: dtype \|V4 has no DLPack type"),
         ]
         for args, error, message in cases:
             with pytest.raises(error, match=message):

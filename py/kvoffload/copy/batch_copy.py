@@ -169,6 +169,12 @@ def copy_blocks(
         for bit, resolve in (("is_conj", "resolve_conj"), ("is_neg", "resolve_neg")):
             if getattr(tensor, bit, lambda: False)():
                 raise ValueError(f"{name}: has its {bit[3:]} bit set; call {resolve}() first")
+        if isinstance(tensor, np.ndarray):  # what DLPack cannot carry, said plainly
+            if not tensor.dtype.isnative:
+                raise TypeError(f"{name}: dtype {tensor.dtype.str} is not in this machine's byte order, "
+                                "which DLPack needs; convert it with .astype(dtype.newbyteorder('='))")
+            if tensor.dtype.fields is not None or tensor.dtype.kind in "OSUVM":
+                raise TypeError(f"{name}: dtype {tensor.dtype} has no DLPack type; view the bytes as uint8")
     _require_writable_host(dst)
     return _C.copy_blocks(src, dst, block_mapping, stream, order, _max_copies_per_call)
 
