@@ -2,6 +2,7 @@
 interpolation; measuring is stood in for."""
 
 import dataclasses
+import errno
 import json
 import multiprocessing
 import os
@@ -167,6 +168,9 @@ CORRUPT = {
     "an entry whose bulk copies' slowdown is not a number": json.dumps(
         {"fake GPU 0": dict(_good_entry(), bulk_slowdown={"load": 0.004, "store": "slow"}),
          "other GPU": _good_entry("other GPU")}).encode(),
+    "an entry with a size past any memory": json.dumps(
+        {"fake GPU 0": dict(_good_entry(), sizes=[*calibration.SIZES[:-1], 2**64]),
+         "other GPU": _good_entry("other GPU")}).encode(),
     "an entry with a table of the wrong length": json.dumps(
         {"fake GPU 0": dict(_good_entry(), beside=dict(_good_entry()["beside"], **{"batch load": [1.0]})),
          "other GPU": _good_entry("other GPU")}).encode(),
@@ -252,25 +256,43 @@ def test_a_cache_or_lock_another_user_could_have_planted_is_refused(machine, mon
     assert measured == [] and planted.read_bytes() == before
 
 
-def test_a_cache_of_the_owner_of_a_directory_no_one_else_writes_serves(machine, monkeypatch):
-    # Where a filesystem maps uids (NFS with root_squash), this user's own files and
-    # directory show another owner.
-    file, measured = machine
-    file.write_text(json.dumps({"fake GPU 0": dict(dataclasses.asdict(fake("fake GPU 0")), format=calibration.FORMAT)}))
-    os.chmod(file.parent, 0o755)
-    squashed = {file.stat().st_ino, file.parent.stat().st_ino}
+def squash(monkeypatch, which):
+    """os.stat and os.fstat report uid 4242 for the files ``which(st)`` picks."""
     real_fstat, real_stat = os.fstat, os.stat
 
     def as_squashed(st):
-        return os.stat_result((*st[:4], 4242, *st[5:])) if st.st_ino in squashed else st
+        return os.stat_result((*st[:4], 4242, *st[5:])) if which(st) else st
 
     monkeypatch.setattr(os, "fstat", lambda fd: as_squashed(real_fstat(fd)))
     monkeypatch.setattr(os, "stat", lambda path, **kw: as_squashed(real_stat(path, **kw)))
+
+
+def test_a_cache_where_the_filesystem_maps_this_users_files_to_another_uid_serves(machine, monkeypatch):
+    # NFS with root_squash: every file this user makes there, the cache's directory and
+    # file among them, shows another owner.
+    file, measured = machine
+    file.write_text(json.dumps({"fake GPU 0": dict(dataclasses.asdict(fake("fake GPU 0")), format=calibration.FORMAT)}))
+    os.chmod(file.parent, 0o755)
+    device = file.stat().st_dev
+    squash(monkeypatch, lambda st: st.st_dev == device)
     assert calibration.calibration(0) == fake("fake GPU 0") and measured == []
+    assert sorted(p.name for p in file.parent.iterdir()) == ["calibration.json"]  # the probe is gone
     os.chmod(file.parent, 0o775)  # but one its group may write: the file could be anyone's there
     monkeypatch.setattr(calibration_cache, "_cached", {})
     with pytest.raises(CalibrationCacheError, match=r"is owned by uid 4242, not by this user"):
         calibration.calibration(0)
+
+
+def test_a_cache_in_another_users_directory_of_their_own_is_refused(machine, monkeypatch):
+    # Another user made the directory and the file; files this user makes there are its own.
+    file, measured = machine
+    file.write_text(json.dumps({"fake GPU 0": dict(dataclasses.asdict(fake("fake GPU 0")), format=calibration.FORMAT)}))
+    os.chmod(file.parent, 0o755)
+    theirs = {file.stat().st_ino, file.parent.stat().st_ino}
+    squash(monkeypatch, lambda st: st.st_ino in theirs)
+    with pytest.raises(CalibrationCacheError, match=r"is owned by uid 4242, not by this user"):
+        calibration.calibration(0)
+    assert measured == []
 
 
 def test_the_lock_file_only_its_owner_may_open(machine):
@@ -318,3 +340,41 @@ def test_a_read_only_cache_without_this_devices_entry_says_why_it_cannot_be_writ
     with pytest.raises(PermissionError):
         as_another_user(calibration.calibration, 1)  # fake GPU 1 is measured, then not saved
     assert stat.S_IMODE(os.stat(read_only_cache).st_mode) == 0o644
+
+
+def test_recalibrate_onto_a_directory_is_refused_before_measuring(machine):
+    file, measured = machine
+    os.mkdir(file)
+    with pytest.raises(CalibrationCacheError, match=r"calibration.json: the calibration cache is a directory"):
+        calibration.calibration(0, recalibrate=True)
+    assert measured == [] and sorted(p.name for p in file.parent.iterdir()) == ["calibration.json",
+                                                                               "calibration.json.lock"]
+
+
+def test_a_cache_this_user_cannot_read_is_named_and_recalibrate_replaces_it(machine, monkeypatch):
+    file, measured = machine
+    file.write_text("{}")
+    real_open = os.open
+
+    def unreadable(path, flags, *args, **kwargs):  # as mode 0000 is for anyone but root
+        if str(path) == str(file) and not flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", unreadable)
+    with pytest.raises(CalibrationCacheError, match=r"calibration.json: the calibration cache cannot be read "
+                                                    r"\(Permission denied\); replace it with python -m "
+                                                    r"kvoffload.costs.calibration --recalibrate"):
+        calibration.calibration(0)
+    assert measured == []
+    calibration.calibration(0, recalibrate=True)
+    monkeypatch.setattr(os, "open", real_open)
+    assert measured == [0] and "fake GPU 0" in json.loads(file.read_text())
+
+
+def test_the_cache_path_takes_home_for_an_empty_variable_and_expands_a_tilde(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("KVOFFLOAD_CALIBRATION", "")
+    assert calibration_cache.path() == tmp_path / ".cache/kvoffload/calibration.json"
+    monkeypatch.setenv("KVOFFLOAD_CALIBRATION", "~/mine.json")
+    assert calibration_cache.path() == tmp_path / "mine.json"

@@ -29,9 +29,15 @@ from ..copy.batch_copy import NoCudaDeviceError
 MAX_FILE_BYTES = 16 << 20  # a cache file's entries take a few KiB a device
 
 
+MAX_SIZE = 1 << 62  # bytes: no calibrated size is larger
+
+
 def path() -> pathlib.Path:
-    return pathlib.Path(os.environ.get("KVOFFLOAD_CALIBRATION",
-                                       pathlib.Path.home() / ".cache/kvoffload/calibration.json"))
+    """$KVOFFLOAD_CALIBRATION (``~`` expanded; empty is unset), else the user's cache."""
+    given = os.environ.get("KVOFFLOAD_CALIBRATION", "")
+    if given:
+        return pathlib.Path(given).expanduser()
+    return pathlib.Path.home() / ".cache/kvoffload/calibration.json"
 
 
 @functools.cache
@@ -58,22 +64,39 @@ class CalibrationCacheError(ValueError):
     """The calibration cache file cannot be read as one; names the file."""
 
 
-def _untrusted(st: os.stat_result, directory: os.stat_result) -> str | None:
-    """Why a cache or lock file with these stats, in a directory with these, may have been
-    planted or rewritten by another user, or None: a regular file no user but its owner
-    may write, owned by this user or root, or by the owner of a directory no one else may
-    write (this user's own, where a filesystem maps uids: NFS with root_squash)."""
+def _untrusted(st: os.stat_result, directory: os.stat_result, where: pathlib.Path) -> str | None:
+    """Why a cache or lock file with these stats, in a directory with these (at
+    ``where``), may have been planted or rewritten by another user, or None: a regular
+    file no user but its owner may write, owned by this user or root, or by the uid that
+    the filesystem gives this user's own files there, in a directory of that uid that no
+    one else may write (NFS with root_squash maps root so)."""
     if not stat.S_ISREG(st.st_mode):
         return "is not a regular file"
     if st.st_mode & 0o002:
         return f"has mode {stat.S_IMODE(st.st_mode):04o}: any user may write it"
-    if st.st_uid in (os.geteuid(), 0) or (directory.st_uid == st.st_uid and not directory.st_mode & 0o022):
+    if st.st_uid in (os.geteuid(), 0):
+        return None
+    if directory.st_uid == st.st_uid and not directory.st_mode & 0o022 and _mapped_uid(where) == st.st_uid:
         return None
     return f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()}) or root"
 
 
+def _mapped_uid(directory: pathlib.Path) -> int | None:
+    """The owner the filesystem gives a file this process makes in ``directory`` (None
+    where it cannot make one)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".kvoffload-uid-")
+    except OSError:
+        return None
+    try:
+        return os.fstat(fd).st_uid
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+
+
 def _check_trusted(fd: int, path: pathlib.Path, what: str) -> None:
-    why = _untrusted(os.fstat(fd), os.stat(path.parent))
+    why = _untrusted(os.fstat(fd), os.stat(path.parent), path.parent)
     if why is not None:
         raise CalibrationCacheError(f"{path}: the calibration {what} {why}; refusing it (remove it, "
                                     "or set KVOFFLOAD_CALIBRATION to a file in a directory of your own)")
@@ -137,6 +160,9 @@ def _read(file: pathlib.Path, module: str = "kvoffload.costs.calibration") -> di
         fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO would block a plain open
     except FileNotFoundError:
         return {}
+    except PermissionError as e:
+        raise CalibrationCacheError(f"{file}: the calibration cache cannot be read ({e.strerror}); replace "
+                                    f"it with python -m {module} --recalibrate, or remove it") from None
     try:
         _check_trusted(fd, file, "cache")
         with os.fdopen(fd, "rb", closefd=False) as f:
@@ -159,6 +185,8 @@ def _read(file: pathlib.Path, module: str = "kvoffload.costs.calibration") -> di
 
 
 def _finite(v) -> bool:
+    if isinstance(v, int) and abs(v) >= 1 << 63:  # past what numpy's arithmetic takes
+        return False
     try:
         return math.isfinite(v)
     except OverflowError:  # an int too large for a float
@@ -166,8 +194,8 @@ def _finite(v) -> bool:
 
 
 def increasing(value) -> bool:
-    """A list of sizes: ints > 0, each larger than the one before."""
-    return (numbers(value) and all(type(v) is int and v > 0 for v in value)
+    """A list of sizes: ints in (0, MAX_SIZE], each larger than the one before."""
+    return (numbers(value) and all(type(v) is int and 0 < v <= MAX_SIZE for v in value)
             and all(a < b for a, b in zip(value, value[1:])))
 
 
@@ -204,9 +232,25 @@ def _entry(file: pathlib.Path, key: str, entry, kind):
 def _write(file: pathlib.Path, entries: dict) -> None:
     """Readers see the old file or the new one, never a part."""
     fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=file.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(entries, f, indent=1)
-    os.replace(tmp, file)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(entries, f, indent=1)
+        os.replace(tmp, file)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _require_replaceable(file: pathlib.Path) -> None:
+    """CalibrationCacheError where the file is something a new cache cannot replace."""
+    try:
+        st = os.lstat(file)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise CalibrationCacheError(f"{file}: the calibration cache is a directory, not a regular file "
+                                    "(remove it, or set KVOFFLOAD_CALIBRATION to a file)")
 
 
 def cached(device: int | None, suffix: str, kind, measure_on, recalibrate: bool):
@@ -230,6 +274,7 @@ def cached(device: int | None, suffix: str, kind, measure_on, recalibrate: bool)
                 if not recalibrate:  # another process may have measured it meanwhile
                     cal = _entry(file, key, _read(file, kind.MODULE).get(key), kind)
                 if cal is None:
+                    _require_replaceable(file)  # before minutes of measuring
                     cal = measure_on(device)
                     if cal.key != key:
                         raise AssertionError(f"{kind.MODULE}: measured {cal.key!r} for {key!r}")
