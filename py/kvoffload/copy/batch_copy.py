@@ -138,8 +138,6 @@ def host_copy(src: Int64Array, dst: Int64Array, sizes: Int64Array, threads: int 
     (0: the core count, at most 8; never more than ``MAX_HOST_THREADS``). Ranges must
     not overlap. A thread that cannot be started raises RuntimeError, nothing copied.
     """
-    if isinstance(threads, bool):
-        raise TypeError("threads: expected an int, got bool")
     threads = min(require_int("threads", threads, 0), MAX_HOST_THREADS)
     src, dst, sizes = _checked(registry, src, dst, sizes, MemoryKind.HOST, MemoryKind.HOST)
     return _C.host_copy(src, dst, sizes, threads)

@@ -98,6 +98,16 @@ def planted(st: os.stat_result) -> str | None:
     return None
 
 
+def _is_named(path: str, fd: int) -> bool:
+    """Whether the open file is still the one under ``path``."""
+    try:
+        on_disk = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (on_disk.st_dev, on_disk.st_ino) == (mine.st_dev, mine.st_ino)
+
+
 class SharedFile:
     """The file ``name`` in ``directory``, ``nbytes`` long, open and locked (shared).
 
@@ -210,13 +220,7 @@ class SharedFile:
         return True
 
     def _is_linked(self, fd: int) -> bool:
-        """Whether the open file is still the one under our name."""
-        try:
-            on_disk = os.stat(self.path, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        mine = os.fstat(fd)
-        return (on_disk.st_dev, on_disk.st_ino) == (mine.st_dev, mine.st_ino)
+        return _is_named(self.path, fd)
 
     def unlink(self) -> bool:
         """Removes the file's name, if it is still this file's, once every process that
@@ -277,8 +281,7 @@ def remove_leftovers(prefix: str, directory: str = SHM_DIR) -> list[str]:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 continue  # in use
-            on_disk = os.stat(path, follow_symlinks=False)
-            if (on_disk.st_dev, on_disk.st_ino) == (st.st_dev, st.st_ino):
+            if _is_named(path, fd):
                 os.unlink(path)
                 removed.append(name)
         except FileNotFoundError:
